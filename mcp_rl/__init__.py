@@ -1,0 +1,39 @@
+"""mcp-rl: teach a small open LLM, by reinforcement learning, to use an MCP server well.
+
+Pipeline (one module per stage): connect → scenarios → rollout → rewards →
+train → evaluate. Names that need torch (LocalPolicy, PortableTrainer, ...) are
+imported on first use, so `import mcp_rl` stays light for the server-only paths.
+"""
+
+from importlib import import_module
+
+_NAMES = {
+    "connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai", "tools_json"],
+    "scenarios": ["Scenario", "load_scenarios", "save_scenarios", "split_scenarios", "collect_context",
+                  "grounded_scenarios", "llm_scenarios"],
+    "policy": ["Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy", "DemonstrationPolicy"],
+    "local_policy": ["LocalPolicy", "load_local_model"],
+    "rollout": ["RolloutConfig", "rollout", "gather_rollouts", "transcript"],
+    "rewards": ["RewardConfig", "verify_answer", "score_group", "score_trajectory"],
+    "train": ["PortableTrainer"],
+    "art_backend": ["ARTTrainer"],
+    "evaluate": ["EvalResult", "evaluate", "write_report"],
+    "config": ["Config", "TrainConfig", "PRESETS", "preset", "load_config", "apply_overrides"],
+    "launch": ["serve_http", "company_server_command"],
+    "pipeline": ["run"],
+}
+_WHERE = {name: module for module, names in _NAMES.items() for name in names}
+__all__ = sorted(_WHERE)
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'mcp_rl' has no attribute {name!r}")
+    value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

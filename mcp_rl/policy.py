@@ -1,0 +1,364 @@
+"""Policies: what turns a conversation into the next assistant turn.
+
+A policy is anything with `name`, `step` and `async complete(messages, tools, *,
+max_tokens, temperature) -> Choice` (docs/DESIGN.md, "Choices"). This module has
+the interface, the Hermes tool-call text format (`find_tool_calls`,
+`choice_from_text`), `OpenAIPolicy` for any OpenAI-compatible endpoint (ART's
+vLLM server, OpenRouter, OpenAI, Ollama, LM Studio) and two deterministic
+policies: `ScriptedPolicy` (tests) and `DemonstrationPolicy` (verified
+demonstrations for a supervised warm start).
+
+    policy = OpenAIPolicy("gpt-4o-mini")               # OPENAI_API_KEY from env
+    choice = await policy.complete(messages, tools, max_tokens=256, temperature=0.7)
+
+The transformers policy lives in `local_policy.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import openai
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_message import ChatCompletionMessage
+from openai.types.chat.chat_completion_message_tool_call import (
+    ChatCompletionMessageToolCall,
+    Function,
+)
+from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+
+__all__ = [
+    "Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy",
+    "DemonstrationPolicy", "choice_from_text", "find_tool_calls", "format_answer",
+]
+
+
+class PolicyError(RuntimeError):
+    """The policy cannot produce a turn (endpoint down after retries, model crashed)."""
+
+
+class ContextOverflow(PolicyError):
+    """The conversation no longer fits the model's context window."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+    step: int
+
+    async def complete(
+        self, messages: list[dict], tools: list[dict], *, max_tokens: int, temperature: float
+    ) -> Choice: ...
+
+
+# ---------------------------------------------------------------- Hermes text format
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
+
+
+def _parse_block(body: str, k: int) -> tuple[dict | None, str | None]:
+    body = body.strip()
+    if fence := _FENCE.match(body):  # small models like to wrap the JSON in ```json fences
+        body = fence.group(1).strip()
+    if not body:
+        return None, f"tool call {k} is empty: put {{\"name\": ..., \"arguments\": {{...}}}} inside <tool_call></tool_call>"
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return None, f"tool call {k} is not valid JSON: {e.msg} at char {e.pos} in {body[:120]!r}"
+    if not isinstance(obj, dict):
+        return None, f"tool call {k} must be a JSON object with \"name\" and \"arguments\", got {type(obj).__name__}"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None, f"tool call {k} has no \"name\" (a string naming the tool to call)"
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            return None, f"tool call {k} ({name}): \"arguments\" is a string that is not valid JSON: {e.msg}"
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return None, f"tool call {k} ({name}): \"arguments\" must be a JSON object, got {type(args).__name__}"
+    return {"name": name.strip(), "arguments": args}, None
+
+
+def find_tool_calls(text: str | None) -> tuple[list[dict], list[str]]:
+    """Parse every `<tool_call>{json}</tool_call>` block in `text`.
+
+    Returns `(calls, errors)`: calls are `{"name": str, "arguments": dict}` for the
+    blocks that parsed, errors one explanatory string per block that did not.
+    A block left open at the end of the text (generation stopped) still counts.
+
+    >>> find_tool_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
+    ([{'name': 'f', 'arguments': {'x': 1}}], [])
+    >>> find_tool_calls('<tool_call>{"name": "f",</tool_call>')[1][0][:34]
+    'tool call 1 is not valid JSON: Exp'
+    """
+    calls, errors = [], []
+    for k, m in enumerate(_BLOCK.finditer(text or ""), start=1):
+        call, error = _parse_block(m.group(1), k)
+        if call is not None:
+            calls.append(call)
+        else:
+            errors.append(error)
+    return calls, errors
+
+
+def choice_from_text(
+    text: str,
+    tokenizer: Any = None,
+    token_ids: Sequence[int] | None = None,
+    logprobs: Sequence[float] | None = None,
+    finish_reason: str = "stop",
+) -> Choice:
+    """Build the OpenAI `Choice` a text-format policy returns (DESIGN.md "Choices").
+
+    With `token_ids` (or a `tokenizer` to encode `text` with) the choice carries
+    `logprobs.content` in vLLM's `token_id:<id>` form, which ART's tokenizer reads;
+    without given `logprobs` every logprob is 0.0 (demonstrations).
+    """
+    calls, _ = find_tool_calls(text)
+    tool_calls = [
+        ChatCompletionMessageToolCall(
+            id=f"call_{k}", type="function",
+            function=Function(name=c["name"], arguments=json.dumps(c["arguments"])),
+        )
+        for k, c in enumerate(calls)
+    ]
+    message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls or None)
+    if token_ids is None and tokenizer is not None:
+        token_ids = tokenizer.encode(text, add_special_tokens=False)
+    choice_logprobs = None
+    if token_ids is not None:
+        token_ids = [int(t) for t in token_ids]
+        if logprobs is None:
+            logprobs = [0.0] * len(token_ids)
+        if len(logprobs) != len(token_ids):
+            raise ValueError(f"got {len(token_ids)} token ids but {len(logprobs)} logprobs; pass one logprob per token")
+        content = []
+        for tid, lp in zip(token_ids, logprobs):
+            # Bytes of the decoded piece (a partial UTF-8 char decodes to U+FFFD,
+            # which ART can still .decode("utf-8")).
+            piece = tokenizer.decode([tid]) if tokenizer is not None else None
+            content.append(ChatCompletionTokenLogprob(
+                token=f"token_id:{tid}", logprob=float(lp),
+                bytes=list(piece.encode("utf-8")) if piece is not None else None, top_logprobs=[],
+            ))
+        choice_logprobs = ChoiceLogprobs(content=content)
+    return Choice(finish_reason=finish_reason, index=0, message=message, logprobs=choice_logprobs)
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    """One Hermes tool-call block, formatted the way the chat templates render them."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+# ---------------------------------------------------------------- OpenAI-compatible endpoints
+
+_CONTEXT_MARKERS = ("context length", "maximum context", "context_length", "too many tokens", "prompt is too long")
+
+
+def _is_context_error(e: openai.APIStatusError) -> bool:
+    text = (str(e) + " " + json.dumps(getattr(e, "body", None) or {}, default=str)).lower()
+    return e.status_code in (400, 413) and any(m in text for m in _CONTEXT_MARKERS)
+
+
+def _mentions_logprobs(e: openai.APIStatusError) -> bool:
+    return e.status_code in (400, 422) and "logprob" in str(e).lower()
+
+
+class OpenAIPolicy:
+    """A policy served by any OpenAI-compatible `/chat/completions` endpoint.
+
+    Asks for token logprobs (`logprobs=True`) so ART can train on the choices;
+    a server that rejects them is asked once more without, and remembered.
+    Connection errors, timeouts, 429 and 5xx are retried with exponential
+    backoff; after `retries` attempts a `PolicyError` is raised. A 400 about the
+    context length raises `ContextOverflow`.
+    """
+
+    def __init__(
+        self, model: str | Callable[[], str], *, base_url: str | None = None, api_key: str | None = None,
+        timeout: float = 60, retries: int = 3, extra_body: dict | None = None, name: str | None = None,
+        logprobs: bool = True, client: openai.AsyncOpenAI | None = None, backoff_s: float = 0.5,
+    ):
+        # `model` may be a callable so ART models are asked for their newest name on every call.
+        self._model = model
+        self._client = client or openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key or ("not-needed" if base_url else None),
+            timeout=timeout, max_retries=0,  # we retry ourselves, with our own error mapping
+        )
+        self.retries, self.extra_body, self.logprobs, self.backoff_s = retries, extra_body, logprobs, backoff_s
+        self._name = name
+        self._art_model: Any = None
+        self._art_step = 0
+
+    @classmethod
+    def from_art(cls, model: Any, **kwargs: Any) -> "OpenAIPolicy":
+        """Sample from an `art.Model` / registered `art.TrainableModel` (ART 0.4.11).
+
+        The inference name is asked for on every call so the newest step is used.
+        """
+        policy = cls(model.get_inference_name, client=model.openai_client(), **kwargs)
+        policy._art_model = model
+        return policy
+
+    @property
+    def model_name(self) -> str:
+        return self._model() if callable(self._model) else self._model
+
+    @property
+    def name(self) -> str:
+        return self._name or self.model_name
+
+    @property
+    def step(self) -> int:
+        """The `N` of a served `name@N`; else the ART backend's step seen on the last call."""
+        _, at, tail = self.model_name.rpartition("@")
+        return int(tail) if at and tail.isdigit() else self._art_step
+
+    async def _refresh_step(self) -> None:
+        get_step = getattr(self._art_model, "get_step", None)
+        if get_step is not None and getattr(self._art_model, "trainable", False):
+            try:
+                self._art_step = int(await get_step())
+            except Exception:  # the step is metadata; sampling must not fail over it
+                pass
+
+    async def complete(
+        self, messages: list[dict], tools: list[dict], *, max_tokens: int, temperature: float
+    ) -> Choice:
+        await self._refresh_step()
+        body: dict[str, Any] = dict(
+            model=self.model_name, messages=messages, max_tokens=max_tokens, temperature=temperature,
+        )
+        if tools:
+            body["tools"] = tools
+        if self.extra_body:
+            body["extra_body"] = self.extra_body
+        last: Exception | None = None
+        attempt = 0
+        while attempt < max(1, self.retries):
+            try:
+                if self.logprobs:
+                    body["logprobs"] = True
+                else:
+                    body.pop("logprobs", None)
+                response = await self._client.chat.completions.create(**body)
+                if not response.choices:
+                    raise PolicyError(f"{self.name}: the endpoint returned no choices")
+                return response.choices[0]
+            except openai.APIStatusError as e:
+                if _is_context_error(e):
+                    raise ContextOverflow(f"{self.name}: the conversation exceeds the model's context: {e}") from e
+                if self.logprobs and _mentions_logprobs(e):
+                    self.logprobs = False  # this server has no logprobs; ask without from now on
+                    continue
+                if e.status_code != 429 and e.status_code < 500:
+                    raise PolicyError(f"{self.name}: the endpoint refused the request ({e.status_code}): {e}") from e
+                last = e
+            except (openai.APIConnectionError, openai.APITimeoutError) as e:
+                last = e
+            attempt += 1
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        raise PolicyError(
+            f"{self.name}: no answer after {self.retries} attempts ({type(last).__name__}: {last}); "
+            "is the endpoint up and the base_url right?"
+        ) from last
+
+
+# ---------------------------------------------------------------- deterministic policies
+
+
+class ScriptedPolicy:
+    """A policy whose turns come from `script(messages)` (verifiers' MockClient).
+
+    The script returns Hermes text (tool-call blocks allowed) or a convenience
+    dict `{"tool": name, "arguments": {...}}`. With a tokenizer the choices
+    carry token ids (logprob 0.0), so they can be tokenized for training.
+    """
+
+    name = "scripted"
+
+    def __init__(self, script: Callable[[list[dict]], str | dict], tokenizer: Any = None, *, name: str | None = None):
+        self.script, self.tokenizer, self.step = script, tokenizer, 0
+        if name:
+            self.name = name
+
+    async def complete(self, messages: list[dict], tools: list[dict], *, max_tokens: int = 0, temperature: float = 0.0) -> Choice:
+        reply = self.script(messages)
+        if isinstance(reply, dict):
+            if "tool" not in reply:
+                raise ValueError(f"a scripted dict reply needs a 'tool' key, got {sorted(reply)}")
+            reply = tool_call_text(reply["tool"], reply.get("arguments") or {})
+        if not isinstance(reply, str):
+            raise TypeError(f"a script must return str or dict, got {type(reply).__name__}")
+        return choice_from_text(reply, tokenizer=self.tokenizer)
+
+
+def format_answer(answer: Any) -> str:
+    """Scenario answers as text: lists joined by ", ", floats to 2 decimals unless integral.
+
+    >>> format_answer([1, 2.5, "x"]), format_answer(3.0), format_answer(2.34567)
+    ('1, 2.5, x', '3', '2.35')
+    """
+    if isinstance(answer, (list, tuple)):
+        return ", ".join(format_answer(a) for a in answer)
+    if isinstance(answer, float):
+        return str(int(answer)) if answer.is_integer() else f"{answer:.2f}".rstrip("0").rstrip(".")
+    return "" if answer is None else str(answer)
+
+
+# A FROM/JOIN followed by a table name (optionally quoted); CTE names are dropped below.
+_TABLE_REF = re.compile(r"\b(?:from|join)\s+[\"`\[]?([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+_CTE_NAME = re.compile(r"(?:\bwith|,)\s*(?:recursive\s+)?([A-Za-z_][A-Za-z0-9_]*)\s+as\s*\(", re.IGNORECASE)
+
+
+def tables_in_sql(sql: str) -> list[str]:
+    """Tables a query reads, in order of first mention (CTE names excluded)."""
+    ctes = {m.lower() for m in _CTE_NAME.findall(sql)}
+    seen: list[str] = []
+    for t in _TABLE_REF.findall(sql):
+        if t.lower() not in ctes and t not in seen and t.lower() not in ("select", "lateral"):
+            seen.append(t)
+    return seen
+
+
+class DemonstrationPolicy(ScriptedPolicy):
+    """Emits verified demonstrations for known scenarios, one tool call per turn.
+
+    For the scenario whose `.task` is the first user message: `list_tables`,
+    `describe_table` for each table of its `.reference` SQL, `run_query(reference)`,
+    then `complete_task(answer=<.answer as text>)`. The next step is chosen from the
+    assistant turns so far, so tool errors (even a failing query) do not derail it.
+    """
+
+    name = "demonstration"
+
+    def __init__(self, scenarios: Sequence[Any], tokenizer: Any = None):
+        self.by_task = {s.task.strip(): s for s in scenarios}
+        super().__init__(self._next, tokenizer)
+
+    def plan(self, scenario: Any) -> list[dict]:
+        steps: list[dict] = [{"tool": "list_tables", "arguments": {}}]
+        if scenario.reference:
+            steps += [{"tool": "describe_table", "arguments": {"table": t}} for t in tables_in_sql(scenario.reference)]
+            steps.append({"tool": "run_query", "arguments": {"sql": scenario.reference}})
+        steps.append({"tool": "complete_task", "arguments": {"answer": format_answer(scenario.answer)}})
+        return steps
+
+    def _next(self, messages: list[dict]) -> dict:
+        task = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+        scenario = self.by_task.get(task.strip())
+        if scenario is None:
+            raise PolicyError(f"no demonstration for task {task[:80]!r}: pass its Scenario to DemonstrationPolicy")
+        done = sum(1 for m in messages if m.get("role") == "assistant")
+        steps = self.plan(scenario)
+        return steps[min(done, len(steps) - 1)]
