@@ -5,7 +5,12 @@ train → evaluate. Names that need torch (LocalPolicy, PortableTrainer, ...) ar
 imported on first use, so `import mcp_rl` stays light for the server-only paths.
 """
 
+import os
 from importlib import import_module
+
+# litellm fetches its price list at import time unless told otherwise; offline machines
+# (CI, the GPU box) would wait on it. The bundled copy is enough for judge calls.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 _NAMES = {
     "connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai", "tools_json"],

@@ -1,0 +1,42 @@
+"""The install sets: the Colab T4 set must resolve for Python 3.12 on manylinux, so a
+pin that would break Colab fails CI here. Run: pytest tests/test_packaging.py"""
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + [
+    "manylinux2014_x86_64", "linux_x86_64", "any"]
+
+
+def test_colab_extra_pins_the_t4_stack():
+    colab = PYPROJECT["project"]["optional-dependencies"]["colab"]
+    assert "openpipe-art[backend]==0.4.11" in colab
+    assert "vllm==0.9.2" in colab  # vLLM V1 (0.10+) has no T4 support
+
+
+def test_cpu_extra_pins_cpu_torch():
+    assert "torch==2.13.0" in PYPROJECT["project"]["optional-dependencies"]["cpu"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_colab_set_resolves_for_python_312(tmp_path):
+    """pip's resolver on package metadata only (--dry-run; no wheels are installed)."""
+    reqs = PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["colab"]
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+           "--disable-pip-version-check", "--target", str(tmp_path / "t"), "--python-version", "3.12",
+           "--only-binary=:all:", "--report", str(tmp_path / "report.json"),
+           *[f"--platform={p}" for p in PLATFORMS], *reqs]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=850)
+    assert proc.returncode == 0, f"the Colab set does not resolve:\n{proc.stderr[-4000:]}"
+    resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"]
+                for i in json.loads((tmp_path / "report.json").read_text())["install"]}
+    assert resolved["vllm"] == "0.9.2" and resolved["openpipe-art"] == "0.4.11"
+    assert resolved["fastmcp"] == "4.2.3"
