@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+import anyio
 import fastmcp
+import httpx2
 from fastmcp.client.transports import FastMCPTransport, StdioTransport, StreamableHttpTransport
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
@@ -84,27 +86,35 @@ def _stdio_argv(spec: str | os.PathLike) -> list[str] | None:
     if isinstance(spec, os.PathLike) or (
             text.endswith(".py") and (" " not in text or Path(text).expanduser().is_file())):
         return [sys.executable, str(Path(text).expanduser().resolve())]
-    argv = shlex.split(text)
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise ValueError(f"Cannot parse server command {text[:200]!r}: {e}") from None
     if not argv:
         raise ValueError("Empty server spec: give a .py path, a command such as "
                          "'python mcp_server.py', or an http(s)://…/mcp URL.")
+    return _python_first(argv)
+
+
+def _python_first(argv: list[str]) -> list[str]:
     # "python" on PATH is often not the interpreter that has the server's packages (an
     # unactivated venv), so a Python server runs under this interpreter, as a .py path does.
-    if argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    elif argv[0].endswith(".py"):
-        argv.insert(0, sys.executable)
+    if argv and argv[0] in ("python", "python3"):
+        return [sys.executable, *argv[1:]]
+    if argv and argv[0].endswith(".py"):
+        return [sys.executable, *argv]
     return argv
 
 
-def _check_argv(argv: list[str], spec: Any) -> None:
+def _check_argv(argv: list[str], spec: Any, cwd: Any = None) -> None:
     if shutil.which(argv[0]) is None:
         raise ServerUnavailable(f"Cannot start MCP server {describe_spec(spec)}: command "
                                 f"{argv[0]!r} was not found on PATH. Install it or give its full path.")
+    base = Path(cwd or os.getcwd())
     if argv[0] == sys.executable and len(argv) > 1 and argv[1].endswith(".py") \
-            and not Path(argv[1]).is_file():
+            and not (base / argv[1]).is_file():
         raise ServerUnavailable(f"Cannot start MCP server {describe_spec(spec)}: no such file "
-                                f"{argv[1]!r}. Check the path (relative paths are from {os.getcwd()}).")
+                                f"{argv[1]!r}. Check the path (relative paths are from {base}).")
 
 
 def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | None = None,
@@ -132,7 +142,10 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
             url = str(spec["url"])
         else:
             cmd = spec["command"]
-            argv = (list(map(str, cmd)) if isinstance(cmd, (list, tuple)) else _stdio_argv(cmd)) or []
+            argv = (_python_first(list(map(str, cmd))) if isinstance(cmd, (list, tuple))
+                    else _stdio_argv(str(cmd)))
+            if not argv:
+                raise ValueError(f"'command' must be a command, not {cmd!r}; use 'url' for http(s) servers.")
             argv += [str(a) for a in spec.get("args") or []]
             env, cwd = spec.get("env"), spec.get("cwd")
     elif isinstance(spec, (str, os.PathLike)):
@@ -146,7 +159,7 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
     if token or headers:
         raise ValueError(f"token/headers apply to http(s) servers only; {describe_spec(spec)} runs "
                          "over stdio (pass secrets to it through env instead).")
-    _check_argv(argv, spec)
+    _check_argv(argv, spec, cwd)
     # The MCP SDK hands a stdio child only HOME/PATH/USER/...; servers also need their own
     # variables (API keys, virtualenv settings), so the child inherits our whole environment.
     child_env = {**os.environ, **{str(k): str(v) for k, v in (env or {}).items()}}
@@ -192,17 +205,22 @@ def describe_spec(spec: ServerSpec) -> str:
     except ValueError:
         return f"stdio: {text[:200]}"
     masked = [_mask_arg(argv[i - 1] if i else "", a) for i, a in enumerate(argv)]
-    return "stdio: " + shlex.join(masked)
+    return "stdio: " + " ".join(a if a.endswith("***") else shlex.quote(a) for a in masked)
 
 
 # ---------------------------------------------------------------- results as text
 
 
 def _field(obj: Any, *names: str) -> Any:
+    """The first of `names` that `obj` (dict, pydantic model or dataclass) has. Models are asked
+    only for declared fields, so the SDK's deprecated camelCase aliases never warn."""
+    fields = getattr(type(obj), "model_fields", None)
     for name in names:
-        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-        if value is not None:
-            return value
+        if isinstance(obj, dict):
+            if obj.get(name) is not None:
+                return obj[name]
+        elif fields is not None and name in fields or fields is None and hasattr(obj, name):
+            return getattr(obj, name)
     return None
 
 
@@ -392,3 +410,203 @@ def mcp_tool_to_openai(tool: Any, *, max_description_chars: int = 1024) -> dict:
         "description": _cap(desc.strip(), max_description_chars),
         "parameters": normalize_schema(schema, max_description_chars=max_description_chars),
     }}
+
+
+# ---------------------------------------------------------------- one session per rollout
+
+
+class ToolSession:
+    """One MCP session held open for a whole rollout (opening one per call, as ART's and the
+    tutorial notebooks do, costs a subprocess start or an HTTP handshake every call).
+
+        async with ToolSession(spec, call_timeout=30) as s:
+            tools = await s.openai_tools()
+            result = await s.call("name", {"arg": 1})
+    """
+
+    def __init__(self, spec: ServerSpec, *, call_timeout: float = 30.0, max_result_chars: int = 4000,
+                 token: str | None = None, headers: dict | None = None,
+                 connect_timeout: float = 30.0):
+        self.spec, self.call_timeout, self.max_result_chars = spec, call_timeout, max_result_chars
+        self._token, self._headers, self._connect_timeout = token, headers, connect_timeout
+        self._client: fastmcp.Client | None = None
+        self._stderr = None
+        self._tools: list | None = None
+        self._openai: list[dict] | None = None
+        self._dead: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ToolSession({describe_spec(self.spec)})"
+
+    def _stderr_tail(self, lines: int = 15) -> str:
+        if self._stderr is None:
+            return ""
+        try:
+            self._stderr.flush()
+            self._stderr.seek(0)
+            tail = "\n".join(self._stderr.read()[-20_000:].strip().splitlines()[-lines:])
+        except (OSError, ValueError):
+            return ""
+        return f"\nServer stderr (last lines):\n{tail}" if tail else ""
+
+    async def __aenter__(self) -> "ToolSession":
+        stdio = not isinstance(self.spec, fastmcp.FastMCP) and not (
+            isinstance(self.spec, dict) and ("url" in self.spec or "mcpServers" in self.spec)) and not (
+            isinstance(self.spec, str) and re.match(r"\s*https?://", self.spec, re.I))
+        # A stdio server's stderr (banners, logs) would interleave with ours for every rollout;
+        # keep it in a temp file and quote its tail when the server fails.
+        self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") if stdio else None
+        self._client = make_client(self.spec, token=self._token, headers=self._headers,
+                                   timeout=self.call_timeout, connect_timeout=self._connect_timeout,
+                                   log_file=self._stderr)
+        try:
+            # fail_after, not wait_for: the client's context must be entered in this task.
+            with anyio.fail_after(self._connect_timeout + 5):
+                await self._client.__aenter__()
+        except Exception as e:  # any transport failure means the same thing to the caller
+            tail = self._stderr_tail()
+            await self._close_quietly()
+            where = ("that the command runs by itself in a terminal and that the server writes "
+                     "nothing but MCP messages to stdout" if stdio else
+                     "that the server is running, the URL (usually ending in /mcp) and the token")
+            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise ServerUnavailable(f"Could not connect to MCP server {describe_spec(self.spec)}: "
+                                    f"{msg}. Check {where}.{tail}") from e
+        return self
+
+    async def _close_quietly(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:  # a dead server must not turn closing into a hang or an exception
+                with anyio.move_on_after(15):
+                    await client.close()
+            except Exception as e:  # noqa: BLE001
+                log.debug("closing %s: %r", describe_spec(self.spec), e)
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    async def __aexit__(self, *exc) -> None:
+        await self._close_quietly()
+
+    def _require(self) -> fastmcp.Client:
+        if self._client is None:
+            raise RuntimeError("ToolSession is not open: use `async with ToolSession(spec) as s:`.")
+        if self._dead:
+            raise ServerUnavailable(self._dead)
+        return self._client
+
+    async def list_tools(self) -> list:
+        """The server's MCP Tool objects (fetched once per session)."""
+        if self._tools is None:
+            self._tools = list(await self._require().list_tools())
+        return self._tools
+
+    async def openai_tools(self) -> list[dict]:
+        """The server's tools as OpenAI function schemas (computed once per session)."""
+        if self._openai is None:
+            self._openai = [mcp_tool_to_openai(t) for t in await self.list_tools()]
+        return self._openai
+
+    async def list_resources(self) -> list:
+        """The server's MCP Resource objects; [] for a server that has no resources."""
+        try:
+            return list(await self._require().list_resources())
+        except MCPError as e:
+            if e.code == -32601:  # method not found: many servers implement tools only
+                return []
+            raise
+
+    async def read_resource(self, uri: str) -> str:
+        """A resource's contents as text (binary parts as placeholders)."""
+        contents = await self._require().read_resource(uri)
+        parts = [c.text if getattr(c, "text", None) is not None else
+                 f"[{getattr(c, 'mime_type', None) or 'binary'}, {_nbytes(getattr(c, 'blob', None))} bytes]"
+                 for c in contents]
+        return "\n".join(parts)
+
+    def _server_dead(self, why: str) -> ToolResult:
+        if self._dead is None:
+            # The model gets one short line; the server's own last words go to the log.
+            self._dead = (f"The tool server stopped ({why}); no further tool calls are possible "
+                          "in this session.")
+            log.warning("MCP server %s died: %s%s", describe_spec(self.spec), why, self._stderr_tail())
+        return ToolResult(self._dead, True, "server_dead")
+
+    async def call(self, name: str, arguments: Any = None) -> ToolResult:
+        """Call tool `name`. Never raises for anything the server or the agent did: failures come
+        back as a ToolResult whose text tells the model what went wrong."""
+        if self._dead:
+            return ToolResult(self._dead, True, "server_dead")
+        if isinstance(arguments, str):  # models often emit arguments as a JSON string
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as e:
+                return ToolResult(f"Arguments for {name!r} are not valid JSON ({e}); send a JSON "
+                                  "object.", True, "bad_arguments")
+        arguments = {} if arguments is None else arguments
+        if not isinstance(arguments, dict):
+            return ToolResult(f"Arguments for {name!r} must be a JSON object, got "
+                              f"{type(arguments).__name__}: {str(arguments)[:200]}", True, "bad_arguments")
+        try:
+            tools = await self.list_tools()
+        except Exception as e:  # noqa: BLE001
+            return self._classify(e, name)
+        names = [t.name for t in tools]
+        if name not in names:
+            return ToolResult(f"Unknown tool {name!r}. Available tools: {', '.join(names) or '(none)'}.",
+                              True, "unknown_tool")
+        try:
+            # The request timeout is fastmcp's; fail_after is a backstop should a transport never answer.
+            with anyio.fail_after(self.call_timeout + 10):
+                result = await self._require().call_tool_mcp(name, arguments, timeout=self.call_timeout)
+        except Exception as e:  # noqa: BLE001 - classified below, never re-raised
+            return self._classify(e, name)
+        text = result_to_text(result, self.max_result_chars)
+        if not result.is_error:
+            return ToolResult(text, False, None)
+        if _UNKNOWN_TOOL.search(text):
+            return ToolResult(f"{text}\nAvailable tools: {', '.join(names)}.", True, "unknown_tool")
+        return ToolResult(text, True, "bad_arguments" if _BAD_ARGS.search(text) else "tool_error")
+
+    def _classify(self, e: BaseException, name: str) -> ToolResult:
+        timed_out = isinstance(e, MCPError) and e.code == REQUEST_TIMEOUT
+        if timed_out or isinstance(e, (TimeoutError, asyncio.TimeoutError)):
+            return ToolResult(f"Tool {name!r} timed out after {self.call_timeout:g}s; try simpler "
+                              "arguments or another tool.", True, "timeout")
+        if isinstance(e, MCPError) and e.code != CONNECTION_CLOSED:
+            text = truncate(f"Error calling {name!r}: {e.message}", self.max_result_chars)
+            if _UNKNOWN_TOOL.search(e.message):
+                return ToolResult(text, True, "unknown_tool")
+            bad = e.code == INVALID_PARAMS or _BAD_ARGS.search(e.message)
+            return ToolResult(text, True, "bad_arguments" if bad else "tool_error")
+        if isinstance(e, ServerUnavailable):
+            return ToolResult(str(e), True, "server_dead")
+        if isinstance(e, MCPError) or _transport_gone(e):
+            return self._server_dead(f"{type(e).__name__}: {e}")
+        # Anything else failed on our side of a live connection (e.g. the client rejecting
+        # structured output that does not match the tool's own output schema).
+        return ToolResult(truncate(f"Error calling {name!r}: {e}", self.max_result_chars), True, "tool_error")
+
+
+def _transport_gone(e: BaseException) -> bool:
+    """Whether `e` means the connection itself is lost (pipes, sockets, a failed session task)."""
+    gone = (OSError, EOFError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+            httpx2.TransportError)
+    if isinstance(e, gone) or re.search(r"failed to connect|connection closed|session task", str(e), re.I):
+        return True
+    return any(_transport_gone(sub) for sub in getattr(e, "exceptions", ()))
+
+
+# ---------------------------------------------------------------- CLI helpers
+
+
+async def tools_json(spec: ServerSpec, **session_kw: Any) -> str:
+    """The server's tools as a JSON list of OpenAI tool schemas (for `mcp_rl tools`)."""
+    async with ToolSession(spec, **session_kw) as session:
+        return json.dumps(await session.openai_tools(), indent=2, ensure_ascii=False)
+
+
+async def print_tools(spec: ServerSpec, **session_kw: Any) -> None:
+    """Print `tools_json(spec)`: `python -m mcp_rl tools --server SPEC`."""
+    print(await tools_json(spec, **session_kw))
