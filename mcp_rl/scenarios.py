@@ -9,7 +9,7 @@ Two generators. `grounded_scenarios` (mcp_rl/grounded.py) writes questions over 
 SQL server's live schema and computes every answer through the server's own
 `run_query`, so answers are verified. `llm_scenarios` works for any server: it
 asks a generator model (ART's `art.mcp.generate_scenarios`) for tasks, fed with
-the real schema from `collect_context`, and keeps only tasks that name no
+the real schema from `collect_context` (mcp_rl/context.py), and keeps only tasks that name no
 invented table, column or tool; their `answer` is None (unverified).
 
 Regenerate the committed set with `python -m mcp_rl scenarios --server mcp_server.py
@@ -243,7 +243,7 @@ async def llm_scenarios(context, n: int, *, generator_model: str = "openai/gpt-4
     if n < 0 or batch_size < 1 or retries < 0:
         raise ValueError(f"need n >= 0, batch_size >= 1, retries >= 0; got {n}, {batch_size}, {retries}")
     url, key = resolve_generator(base_url, api_key)
-    from mcp_rl.grounded import enrich_tools
+    from mcp_rl.context import enrich_tools
 
     tools = _flat_tools(enrich_tools(context.tools, context) if enrich else context.tools)
     resources = [{"uri": r["uri"], "name": r.get("name", ""), "text": r.get("text", "")[:2000]}
@@ -304,7 +304,8 @@ async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike,
     `llm_kwargs` go to `llm_scenarios`). Returns everything now in `out`.
     """
     from mcp_rl.connect import ToolSession
-    from mcp_rl.grounded import collect_context, grounded_scenarios
+    from mcp_rl.context import collect_context
+    from mcp_rl.grounded import grounded_scenarios
 
     if generator not in ("grounded", "llm"):
         raise ValueError(f"generator must be 'grounded' or 'llm', got {generator!r}")
@@ -323,9 +324,12 @@ async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike,
 
 
 def __getattr__(name: str):
-    # DESIGN.md lists these as scenarios.py's names; they live in grounded.py, which
-    # imports Scenario from here, so they are looked up lazily (PEP 562) to avoid a cycle.
-    if name in ("collect_context", "grounded_scenarios", "enrich_tools", "ServerContext"):
+    # DESIGN.md lists these as scenarios.py's names; they live in context.py and grounded.py,
+    # which import Scenario from here, so they are looked up lazily (PEP 562) to avoid a cycle.
+    if name in ("collect_context", "enrich_tools", "ServerContext"):
+        from mcp_rl import context
+        return getattr(context, name)
+    if name == "grounded_scenarios":
         from mcp_rl import grounded
-        return getattr(grounded, name)
+        return grounded.grounded_scenarios
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

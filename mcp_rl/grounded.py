@@ -1,0 +1,299 @@
+"""Grounded scenarios: questions over a SQL server's live schema, answers computed by the server.
+
+    async with ToolSession("python mcp_server.py") as s:
+        scenarios = await grounded_scenarios(s, 300, seed=0)
+
+Each template has a difficulty (1-5), tags, several phrasings and a reference
+SQL query; its parameters (department names, cities, roles, years, people,
+projects) are read live from the database, and each answer is what the
+reference query returns through the server's own SQL tool (parsed from its text
+result), never a hard-coded value. Instances whose answer would be ambiguous
+(ties for "the highest ...", NULL, empty or over-long lists) are skipped, so
+every answer is checkable. Any SQL server gets the generic templates (row
+counts, distinct values, extremes); the company schema (departments, employees,
+projects) adds the rest. Instances are drawn round-robin across templates in a
+seeded order, so a smaller `n` still covers every kind of question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+
+from mcp_rl.context import collect_context, quote_ident, run_sql, run_sql_all
+from mcp_rl.scenarios import Scenario, normalize_task
+
+log = logging.getLogger(__name__)
+
+MAX_LIST = 5
+ED = "employees e JOIN departments d ON d.id = e.department_id"
+
+
+@dataclass
+class Template:
+    name: str
+    difficulty: int
+    tags: list[str]
+    phrasings: list[str]   # str.format templates over a params dict
+    sql: str               # str.format template; string params arrive SQL-quoted as {q_<name>}
+    params: list[dict]
+    shape: str = "scalar"  # "scalar": one value | "one": one row, a tie means skip | "list": 1..5 rows
+
+
+def q(value) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _p(**kw) -> dict:
+    """A params dict plus SQL-quoted copies of its strings, as q_<name>."""
+    return {**kw, **{f"q_{k}": q(v) for k, v in kw.items() if isinstance(v, str)}}
+
+
+def _answer(rows: list[list], shape: str, expect: int | None):
+    """The checkable answer of a result, or None when it would be ambiguous or empty."""
+    if shape == "list":
+        items = [r[0] for r in rows]
+        ok = 0 < len(items) <= MAX_LIST and None not in items and (expect is None or len(items) == expect)
+        return items if ok else None
+    if len(rows) != 1 or len(rows[0]) != 1 or rows[0][0] is None:
+        return None  # "one": several rows means a tie; "scalar": the query was not an aggregate
+    v = rows[0][0]
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def generic_templates(ctx) -> list[Template]:
+    """Questions any SQL database supports, from its schema alone."""
+    count, distinct, extreme = [], [], []
+    for t in ctx.tables:
+        count.append(_p(table=t.name, qt=quote_ident(t.name)))
+        for c, ty in t.columns:
+            base = dict(table=t.name, column=c, qt=quote_ident(t.name), qc=quote_ident(c))
+            if "TEXT" in ty.upper() or "CHAR" in ty.upper():
+                distinct.append(base)
+            elif any(k in ty.upper() for k in ("INT", "REAL", "NUM", "DEC", "FLOAT", "DOUBLE")) and c != "id" and not c.endswith("_id"):
+                extreme += [{**base, "fn": "MAX", "word": "largest"}, {**base, "fn": "MIN", "word": "smallest"}]
+    return [
+        Template("table_rows", 1, ["count"], ["How many rows does the {table} table have?",
+                                              "How many records are stored in the {table} table?"],
+                 "SELECT COUNT(*) FROM {qt}", count),
+        Template("distinct_values", 2, ["count", "distinct"],
+                 ["How many distinct values of {column} appear in the {table} table?",
+                  "In the {table} table, how many different {column} values are there (ignoring missing ones)?"],
+                 "SELECT COUNT(DISTINCT {qc}) FROM {qt}", distinct),
+        Template("column_extreme", 2, ["aggregate"], ["What is the {word} {column} in the {table} table?",
+                                                      "In {table}, what is the {word} value of {column}?"],
+                 "SELECT {fn}({qc}) FROM {qt}", extreme),
+    ]
+
+
+async def company_templates(session, tool) -> list[Template]:
+    """Questions about the company schema, parameterized by values read from it."""
+    async def col(sql):
+        return [r[0] for r in await run_sql_all(session, sql, tool)]
+    depts = await col("SELECT name FROM departments ORDER BY id")
+    locs = await col("SELECT DISTINCT location FROM departments ORDER BY location")
+    roles = await col("SELECT DISTINCT role FROM employees ORDER BY role")
+    years = await col("SELECT DISTINCT substr(hire_date, 1, 4) FROM employees ORDER BY 1")
+    pyears = await col("SELECT DISTINCT substr(start_date, 1, 4) FROM projects ORDER BY 1")
+    statuses = await col("SELECT DISTINCT status FROM projects ORDER BY 1")
+    prios = await col("SELECT DISTINCT priority FROM projects ORDER BY 1")
+    # Questions about a person by name are only checkable when the name is unique.
+    people = await col("SELECT name FROM employees GROUP BY name HAVING COUNT(*) = 1 ORDER BY name")
+    bosses = set(await col("SELECT DISTINCT m.name FROM employees e JOIN employees m ON m.id = e.manager_id"))
+    projects = await col("SELECT name FROM projects ORDER BY id")
+    D = [_p(dept=d) for d in depts]
+    S = [_p(status=s, st=s.replace("_", " ")) for s in statuses]
+    years = [str(y) for y in years]
+    ystep = [_p(y1=a, y2=b) for a, b in zip(years, years[2:])]
+    in_dept = "e.department_id = (SELECT id FROM departments WHERE name = {q_dept})"
+    topk = ("SELECT e.name FROM employees e WHERE " + in_dept + " AND e.salary >= (SELECT salary FROM employees e "
+            "WHERE " + in_dept + " ORDER BY salary DESC LIMIT 1 OFFSET {k1}) ORDER BY e.name")
+    argbest = ("WITH c AS (SELECT d.name AS name, {agg} AS v FROM departments d {join} GROUP BY d.id) "
+               "SELECT name FROM c WHERE v = (SELECT {fn}(v) FROM c)")
+    best = [
+        _p(what="the most employees", agg="COUNT(e.id)", join="LEFT JOIN employees e ON e.department_id = d.id", fn="MAX"),
+        _p(what="the fewest employees", agg="COUNT(e.id)", join="LEFT JOIN employees e ON e.department_id = d.id", fn="MIN"),
+        _p(what="the highest average salary", agg="AVG(e.salary)", join="JOIN employees e ON e.department_id = d.id", fn="MAX"),
+        _p(what="the lowest average salary", agg="AVG(e.salary)", join="JOIN employees e ON e.department_id = d.id", fn="MIN"),
+        _p(what="the most remote workers", agg="SUM(e.remote)", join="JOIN employees e ON e.department_id = d.id", fn="MAX"),
+        _p(what="the most projects", agg="COUNT(p.id)", join="LEFT JOIN projects p ON p.department_id = d.id", fn="MAX"),
+        _p(what="the largest total project budget", agg="SUM(p.budget)", join="JOIN projects p ON p.department_id = d.id", fn="MAX"),
+        _p(what="the largest budget per employee", agg="d.budget * 1.0 / COUNT(e.id)",
+           join="JOIN employees e ON e.department_id = d.id", fn="MAX"),
+    ]
+    nulls = [
+        _p(what="departments have no approved budget", sql="SELECT COUNT(*) FROM departments WHERE budget IS NULL"),
+        _p(what="projects have no lead", sql="SELECT COUNT(*) FROM projects WHERE lead_id IS NULL"),
+        _p(what="projects have no budget set", sql="SELECT COUNT(*) FROM projects WHERE budget IS NULL"),
+        _p(what="projects have no end date yet", sql="SELECT COUNT(*) FROM projects WHERE end_date IS NULL"),
+        _p(what="employees have no email address on file", sql="SELECT COUNT(*) FROM employees WHERE email IS NULL"),
+        _p(what="employees are not bonus-eligible (no bonus recorded)", sql="SELECT COUNT(*) FROM employees WHERE bonus IS NULL"),
+    ]
+    T = Template
+    return [
+        T("dept_headcount", 1, ["count", "join"], ["How many employees work in the {dept} department?",
+          "What is the headcount of {dept}?", "How many people are on the {dept} team?"],
+          "SELECT COUNT(*) FROM " + ED + " WHERE d.name = {q_dept}", D),
+        T("role_count", 1, ["count", "filter"], ["How many employees have the job title {role}?",
+          "How many people at the company work as {role}?"],
+          "SELECT COUNT(*) FROM employees WHERE role = {q_role}", [_p(role=r) for r in roles]),
+        T("hired_in_year", 2, ["count", "date"], ["How many employees were hired in {y}?",
+          "How many people joined the company during {y}?"],
+          "SELECT COUNT(*) FROM employees WHERE hire_date BETWEEN '{y}-01-01' AND '{y}-12-31'", [_p(y=y) for y in years]),
+        T("hired_between", 3, ["count", "date"], ["How many employees were hired between {y1} and {y2}, inclusive?",
+          "From the start of {y1} to the end of {y2}, how many people were hired?"],
+          "SELECT COUNT(*) FROM employees WHERE hire_date BETWEEN '{y1}-01-01' AND '{y2}-12-31'", ystep),
+        T("dept_location", 1, ["lookup"], ["In which city is the {dept} department located?", "Where is {dept} based?"],
+          "SELECT location FROM departments WHERE name = {q_dept}", D, "one"),
+        T("depts_in_city", 2, ["list", "filter"], ["Which departments are located in {loc}?",
+          "List the departments based in {loc}."], "SELECT name FROM departments WHERE location = {q_loc} ORDER BY name",
+          [_p(loc=c) for c in locs], "list"),
+        T("avg_salary_dept", 2, ["aggregate", "join"], ["What is the average salary in the {dept} department, rounded to the nearest dollar?",
+          "Rounded to whole dollars, what do {dept} employees earn on average?"],
+          "SELECT ROUND(AVG(e.salary)) FROM " + ED + " WHERE d.name = {q_dept}", D),
+        T("max_salary_role", 2, ["aggregate", "filter"], ["What is the highest salary paid to a {role}?",
+          "How much does the best-paid {role} earn per year?"],
+          "SELECT MAX(salary) FROM employees WHERE role = {q_role}", [_p(role=r) for r in roles]),
+        T("status_count", 1, ["count", "filter"], ["How many projects are {st}?", "How many projects have the status '{status}'?"],
+          "SELECT COUNT(*) FROM projects WHERE status = {q_status}", S),
+        T("dept_status_projects", 3, ["count", "join", "filter"], ["How many {st} projects does the {dept} department own?",
+          "Of the projects owned by {dept}, how many are {st}?"],
+          "SELECT COUNT(*) FROM projects p JOIN departments d ON d.id = p.department_id WHERE d.name = {q_dept} AND p.status = {q_status}",
+          [{**a, **b} for a in D for b in S]),
+        T("dept_prio_projects", 3, ["count", "join", "filter"], ["How many {prio}-priority projects does {dept} own?",
+          "Count the projects owned by the {dept} department with priority '{prio}'."],
+          "SELECT COUNT(*) FROM projects p JOIN departments d ON d.id = p.department_id WHERE d.name = {q_dept} AND p.priority = {q_prio}",
+          [{**a, **_p(prio=p)} for a in D for p in prios]),
+        T("remote_dept", 2, ["count", "filter", "join"], ["How many employees in {dept} work remotely?",
+          "How many remote workers does the {dept} department have?"],
+          "SELECT COUNT(*) FROM " + ED + " WHERE d.name = {q_dept} AND e.remote = 1", D),
+        T("remote_share", 3, ["aggregate", "join"], ["What percentage of {dept} employees work remotely? Round to one decimal place.",
+          "To one decimal, what share (in percent) of the {dept} department is remote?"],
+          "SELECT ROUND(100.0 * SUM(e.remote) / COUNT(*), 1) FROM " + ED + " WHERE d.name = {q_dept}", D),
+        T("no_bonus_dept", 3, ["count", "null", "join"], ["How many employees in {dept} have no bonus recorded?",
+          "How many {dept} employees are not bonus-eligible (their bonus is missing)?"],
+          "SELECT COUNT(*) FROM " + ED + " WHERE d.name = {q_dept} AND e.bonus IS NULL", D),
+        T("avg_bonus_dept", 3, ["aggregate", "null", "join"], ["Among {dept} employees who get a bonus, what is the average bonus, rounded to the nearest dollar?",
+          "Ignoring people without a bonus, what is the mean bonus in {dept} (whole dollars)?"],
+          "SELECT ROUND(AVG(e.bonus)) FROM " + ED + " WHERE d.name = {q_dept} AND e.bonus IS NOT NULL", D),
+        T("total_pay_dept", 4, ["aggregate", "null", "join"], ["What is the total yearly pay of the {dept} department, salary plus bonus, counting a missing bonus as zero?",
+          "Adding salaries and bonuses (no bonus = 0), how much does {dept} pay its people per year?"],
+          "SELECT SUM(e.salary + COALESCE(e.bonus, 0)) FROM " + ED + " WHERE d.name = {q_dept}", D),
+        T("null_counts", 2, ["count", "null"], ["How many {what}?", "Count how many {what}."], "{sql}", nulls),
+        T("top_paid", 3, ["top-k", "list", "join"], ["Who are the {k} highest-paid employees in {dept}?",
+          "List the {k} best-paid people in the {dept} department."], topk,
+          [{**a, "k": k, "k1": k - 1, "expect": k} for a in D for k in (2, 3)], "list"),
+        T("dept_best", 3, ["group-by", "aggregate"], ["Which department has {what}?", "Name the department with {what}."],
+          argbest, best, "one"),
+        T("depts_over", 3, ["group-by", "list"], ["Which departments have more than {k} employees?",
+          "List every department with a headcount above {k}."],
+          "SELECT d.name FROM " + ED + " GROUP BY d.id HAVING COUNT(*) > {k} ORDER BY d.name", [{"k": k} for k in (12, 15, 20, 25)], "list"),
+        T("depts_projects_atleast", 3, ["group-by", "list", "join"], ["Which departments own at least {k} projects?",
+          "List the departments that own {k} or more projects."],
+          "SELECT d.name FROM departments d JOIN projects p ON p.department_id = d.id GROUP BY d.id HAVING COUNT(*) >= {k} ORDER BY d.name",
+          [{"k": k} for k in (4, 5, 6)], "list"),
+        T("project_lead", 2, ["lookup", "join"], ["Who leads the project {proj}?", "Who is the lead of {proj}?"],
+          "SELECT e.name FROM projects p JOIN employees e ON e.id = p.lead_id WHERE p.name = {q_proj}",
+          [_p(proj=p) for p in projects], "one"),
+        T("project_lead_dept", 4, ["join", "three-tables"], ["In which department does the lead of {proj} work?",
+          "Which department is the person leading {proj} a member of?"],
+          "SELECT d.name FROM projects p JOIN employees e ON e.id = p.lead_id JOIN departments d ON d.id = e.department_id WHERE p.name = {q_proj}",
+          [_p(proj=p) for p in projects], "one"),
+        T("cross_dept_leads", 4, ["join", "nested", "three-tables"], ["How many projects are led by someone who works in a different department from the one that owns the project?"],
+          "SELECT COUNT(*) FROM projects p JOIN employees e ON e.id = p.lead_id WHERE e.department_id <> p.department_id", [{}]),
+        T("lead_dept_budget", 4, ["join", "aggregate", "three-tables"], ["What is the total budget of projects led by employees of {dept}, ignoring projects without a budget?",
+          "Summing only set budgets, how much project budget is led by people from the {dept} department?"],
+          "SELECT SUM(p.budget) FROM projects p JOIN employees e ON e.id = p.lead_id JOIN departments d ON d.id = e.department_id WHERE d.name = {q_dept}", D),
+        T("city_headcount", 3, ["count", "join"], ["How many employees work in departments based in {loc}?",
+          "What is the combined headcount of the departments located in {loc}?"],
+          "SELECT COUNT(*) FROM " + ED + " WHERE d.location = {q_loc}", [_p(loc=c) for c in locs]),
+        T("projects_started", 2, ["count", "date"], ["How many projects started in {y}?", "How many projects have a start date in {y}?"],
+          "SELECT COUNT(*) FROM projects WHERE start_date BETWEEN '{y}-01-01' AND '{y}-12-31'", [_p(y=str(y)) for y in pyears]),
+        T("completed_in", 3, ["count", "date", "null"], ["How many projects ended in {y}?",
+          "How many projects have an end date in {y}?"],
+          "SELECT COUNT(*) FROM projects WHERE end_date BETWEEN '{y}-01-01' AND '{y}-12-31'", [_p(y=str(y)) for y in pyears]),
+        T("first_hire", 3, ["date", "top-k", "join"], ["Who was the first person hired into {dept}?",
+          "Which current {dept} employee has the earliest hire date?"],
+          "SELECT e.name FROM employees e WHERE " + in_dept + " AND e.hire_date = (SELECT MIN(hire_date) FROM employees e WHERE " + in_dept + ")",
+          D, "one"),
+        T("above_company_avg", 4, ["nested", "aggregate"], ["How many employees in {dept} earn more than the company-wide average salary?",
+          "How many {dept} salaries are above the average salary of the whole company?"],
+          "SELECT COUNT(*) FROM " + ED + " WHERE d.name = {q_dept} AND e.salary > (SELECT AVG(salary) FROM employees)", D),
+        T("above_dept_avg", 4, ["nested", "aggregate"], ["How many {dept} employees earn more than their department's average salary?"],
+          "SELECT COUNT(*) FROM " + ED + " WHERE d.name = {q_dept} AND e.salary > (SELECT AVG(salary) FROM employees WHERE department_id = d.id)", D),
+        T("above_own_avg_all", 5, ["nested", "group-by"], ["Across the company, how many employees earn more than the average salary of their own department?"],
+          "SELECT COUNT(*) FROM employees e WHERE e.salary > (SELECT AVG(x.salary) FROM employees x WHERE x.department_id = e.department_id)", [{}]),
+        T("out_earn_manager", 5, ["self-join", "nested"], ["How many employees in {dept} earn more than their own manager?",
+          "In {dept}, how many people have a higher salary than the person they report to?"],
+          "SELECT COUNT(*) FROM employees e JOIN employees m ON m.id = e.manager_id WHERE " + in_dept + " AND e.salary > m.salary", D),
+        T("hired_after_paid", 3, ["count", "filter", "date"], ["How many employees hired in {y} or later earn more than ${amt:,}?",
+          "Since the start of {y}, how many hires have a salary above {amt}?"],
+          "SELECT COUNT(*) FROM employees WHERE hire_date >= '{y}-01-01' AND salary > {amt}",
+          [{"y": y, "amt": a} for y in years[::3] for a in (80000, 100000, 130000)]),
+        T("depts_founded_before", 2, ["list", "filter"], ["Which departments were founded before {y}?",
+          "List the departments founded earlier than {y}."],
+          "SELECT name FROM departments WHERE founded_year < {y} ORDER BY name", [{"y": y} for y in range(2010, 2019)], "list"),
+        T("prio_status", 3, ["count", "filter"], ["How many {prio}-priority projects are {st}?"],
+          "SELECT COUNT(*) FROM projects WHERE priority = {q_prio} AND status = {q_status}",
+          [{**b, **_p(prio=p)} for b in S for p in prios]),
+        T("direct_reports", 3, ["count", "self-join"], ["How many people report directly to {who}?",
+          "How many direct reports does {who} have?"],
+          "SELECT COUNT(*) FROM employees e JOIN employees m ON m.id = e.manager_id WHERE m.name = {q_who}",
+          [_p(who=w) for w in people if w in bosses]),
+        T("manager_of", 3, ["lookup", "self-join"], ["Who is {who}'s direct manager?", "Who does {who} report to?"],
+          "SELECT m.name FROM employees e JOIN employees m ON m.id = e.manager_id WHERE e.name = {q_who}",
+          [_p(who=w) for w in people], "one"),
+        T("salary_of", 1, ["lookup"], ["What is {who}'s yearly salary?", "How much does {who} earn per year?"],
+          "SELECT salary FROM employees WHERE name = {q_who}", [_p(who=w) for w in people]),
+        T("dept_of", 2, ["lookup", "join"], ["Which department does {who} work in?", "What department is {who} in?"],
+          "SELECT d.name FROM " + ED + " WHERE e.name = {q_who}", [_p(who=w) for w in people], "one"),
+    ]
+
+
+def _id(template: Template, params: dict) -> str:
+    # From the template and its parameters, not the phrasing: one question keeps its id,
+    # and so its split, however it is worded, so no rewording leaks from train into test.
+    key = json.dumps({k: v for k, v in params.items() if not k.startswith("q_")}, sort_keys=True, default=str)
+    return f"{template.name}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
+    """`n` unique scenarios (fewer, with a warning, if the templates run out) with verified answers."""
+    ctx = await collect_context(session)
+    if not ctx.is_sql:
+        raise ValueError("grounded scenarios need a SQL server (a run_query-like tool that answers SELECT); "
+                         "this server has none: use the llm generator instead")
+    tool = ctx.sql_tool
+    templates = generic_templates(ctx)
+    if {"departments", "employees", "projects"} <= {t.name for t in ctx.tables}:
+        templates = await company_templates(session, tool) + templates
+    rng = random.Random(seed)
+    queues = []
+    for t in templates:
+        params = list(t.params)
+        rng.shuffle(params)
+        queues.append((t, params))
+    rng.shuffle(queues)
+    out: list[Scenario] = []
+    seen: set[str] = set()
+    while len(out) < n and any(qs for _, qs in queues):
+        for t, qs in queues:
+            if not qs or len(out) >= n:
+                continue
+            params = qs.pop()
+            task = rng.choice(t.phrasings).format(**params)
+            sql = t.sql.format(**params)
+            if normalize_task(task) in seen:
+                continue
+            answer = _answer(await run_sql(session, sql, tool), t.shape, params.get("expect"))
+            if answer is None:
+                continue
+            seen.add(normalize_task(task))
+            out.append(Scenario(id=_id(t, params), task=task, difficulty=t.difficulty, answer=answer,
+                                reference=sql, tags=list(t.tags)))
+    if len(out) < n:
+        log.warning("only %d grounded scenarios available (asked for %d)", len(out), n)
+    return out
