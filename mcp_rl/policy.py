@@ -341,17 +341,21 @@ class DemonstrationPolicy(ScriptedPolicy):
     """
 
     name = "demonstration"
+    # Tool and argument names of mcp_server.py; override for another server.
+    tools = {"list": "list_tables", "describe": "describe_table", "query": "run_query", "complete": "complete_task"}
+    table_arg, sql_arg = "table_name", "sql"
 
     def __init__(self, scenarios: Sequence[Any], tokenizer: Any = None):
         self.by_task = {s.task.strip(): s for s in scenarios}
         super().__init__(self._next, tokenizer)
 
     def plan(self, scenario: Any) -> list[dict]:
-        steps: list[dict] = [{"tool": "list_tables", "arguments": {}}]
+        t = self.tools
+        steps: list[dict] = [{"tool": t["list"], "arguments": {}}]
         if scenario.reference:
-            steps += [{"tool": "describe_table", "arguments": {"table": t}} for t in tables_in_sql(scenario.reference)]
-            steps.append({"tool": "run_query", "arguments": {"sql": scenario.reference}})
-        steps.append({"tool": "complete_task", "arguments": {"answer": format_answer(scenario.answer)}})
+            steps += [{"tool": t["describe"], "arguments": {self.table_arg: name}} for name in tables_in_sql(scenario.reference)]
+            steps.append({"tool": t["query"], "arguments": {self.sql_arg: scenario.reference}})
+        steps.append({"tool": t["complete"], "arguments": {"answer": format_answer(scenario.answer)}})
         return steps
 
     def _next(self, messages: list[dict]) -> dict:

@@ -1,0 +1,229 @@
+"""Tests for mcp_rl/local_policy.py: chat template, batching, logprobs, ART tokenization.
+
+    .venv/bin/python -m pytest tests/test_local_policy.py -q            # all (slow ones load SmolLM2)
+    .venv/bin/python -m pytest tests/test_local_policy.py -q -m "not slow"
+
+Uses the real SmolLM2 tokenizer throughout; batching logic runs on a tiny random
+Llama built from a config (fast), the end-to-end checks on the embedded SmolLM2.
+"""
+
+import asyncio
+import json
+import math
+
+import art
+import pytest
+import torch
+from art.preprocessing.tokenize import tokenize_trajectory_groups
+
+from mcp_rl.local_policy import (
+    HERMES_TEMPLATE, LocalPolicy, art_tokenizer, install_tool_template, load_local_model, load_local_tokenizer,
+)
+from mcp_rl.policy import ContextOverflow, ScriptedPolicy, find_tool_calls
+
+TOOLS = [{"type": "function", "function": {"name": "run_query", "description": "Run one SQL query",
+                                           "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "list_tables", "description": "List the tables",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+RAW_CALL = '<tool_call>\n{"name": "run_query", "arguments": {"sql": "SELECT 1"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_local_tokenizer()
+
+
+def render(tok, messages, **kw):
+    return tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, **kw)
+
+
+# ---------------------------------------------------------------- chat template
+
+
+def test_smollm2_gets_the_tool_template(tok):
+    assert tok.chat_template == HERMES_TEMPLATE and tok.eos_token == "<|im_end|>" and tok.padding_side == "left"
+    text = render(tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+                  add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert json.dumps(TOOLS[0], sort_keys=True) in text and "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_install_leaves_a_fitting_template_alone(tok):
+    assert install_tool_template(tok) is False
+
+
+def test_raw_tool_call_turn_is_rendered_verbatim_once(tok):
+    turn = {"role": "assistant", "content": RAW_CALL, "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "run_query", "arguments": '{"sql": "SELECT 1"}'}}]}
+    text = render(tok, [{"role": "user", "content": "q"}, turn])
+    assert text.split("<|im_start|>assistant\n", 1)[1] == f"{RAW_CALL}<|im_end|>\n"
+
+
+@pytest.mark.parametrize("content", ["", "Let me check."])
+def test_openai_style_tool_calls_render_as_parseable_blocks(tok, content):
+    turn = {"role": "assistant", "content": content, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "run_query", "arguments": '{"sql": "SELECT 2"}'}},
+        {"id": "b", "type": "function", "function": {"name": "list_tables", "arguments": {}}}]}
+    text = render(tok, [{"role": "user", "content": "q"}, turn])
+    assistant = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    assert assistant.startswith(content)
+    assert find_tool_calls(assistant) == ([{"name": "run_query", "arguments": {"sql": "SELECT 2"}},
+                                          {"name": "list_tables", "arguments": {}}], [])
+
+
+def test_consecutive_tool_results_share_one_user_turn(tok):
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": RAW_CALL},
+                {"role": "tool", "tool_call_id": "a", "content": "1"}, {"role": "tool", "tool_call_id": "b", "content": "2"}]
+    text = render(tok, messages)
+    assert text.endswith("<|im_start|>user\n<tool_response>\n1\n</tool_response>\n"
+                         "<tool_response>\n2\n</tool_response><|im_end|>\n")
+
+
+def test_art_tokenizer_returns_ids(tok):
+    ids = art_tokenizer(tok).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids) and art_tokenizer(tok).vocab_size == tok.vocab_size
+
+
+def check_art_tokenization(tok, trajectories, choice_lists, last_prompts=None):
+    """ART's tokenizer puts each trajectory's choices, ids and logprobs, exactly where the mask is 1,
+    and what precedes the last choice is the prompt the policy rendered for it."""
+    group = art.TrajectoryGroup(trajectories)
+    results = list(tokenize_trajectory_groups(art_tokenizer(tok), [group], False, False, False))
+    assert len(results) == len(trajectories)
+    for k, (result, choices) in enumerate(zip(results, choice_lists)):
+        want_ids = [int(t.token.split(":")[1]) for c in choices for t in c.logprobs.content]
+        want_lps = [t.logprob for c in choices for t in c.logprobs.content]
+        masked = [i for i, m in enumerate(result.assistant_mask) if m]
+        assert [result.token_ids[i] for i in masked] == want_ids
+        assert [result.logprobs[i] for i in masked] == pytest.approx(want_lps)
+        # Each choice is followed by the end-of-turn token the template adds.
+        for i in masked:
+            if i + 1 not in masked:
+                assert tok.decode([result.token_ids[i + 1]]) == "<|im_end|>"
+        if last_prompts:
+            assert result.token_ids[:masked[-len(choices[-1].logprobs.content)]] == last_prompts[k]
+    return results
+
+
+def prompt_ids(tok, messages, tools):
+    return tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, return_dict=False)
+
+
+async def test_scripted_choices_pass_art_tokenization(tok):
+    policy = ScriptedPolicy(lambda m: {"tool": "list_tables"} if len(m) == 2 else "There are 3 tables.", tokenizer=tok)
+    base = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "How many tables?"}]
+    trajectories, choice_lists, prompts = [], [], []
+    for reward in (1.0, 0.0):
+        first = await policy.complete(base, TOOLS, max_tokens=32, temperature=0)
+        tool_msg = {"role": "tool", "tool_call_id": "call_0", "content": "a, b, c"}
+        so_far = base + [{"role": "assistant", "content": first.message.content}, tool_msg]
+        second = await policy.complete(so_far, TOOLS, max_tokens=32, temperature=0)
+        trajectories.append(art.Trajectory(messages_and_choices=[*base, first, tool_msg, second], tools=TOOLS, reward=reward))
+        choice_lists.append([first, second])
+        prompts.append(prompt_ids(tok, so_far, TOOLS))
+    check_art_tokenization(tok, trajectories, choice_lists, prompts)
+
+
+# ---------------------------------------------------------------- batching on a tiny random Llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return LlamaForCausalLM(config).eval()
+
+
+def ids_of(choice):
+    return [int(t.token.split(":")[1]) for t in choice.logprobs.content]
+
+
+def forward_logprobs(model, tok, messages, tools, ids):
+    prompt = prompt_ids(tok, messages, tools)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0].float().log_softmax(-1)
+    return [logits[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)]
+
+
+CONVERSATIONS = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "tell me " * 12}],
+                 [{"role": "system", "content": "s"}, {"role": "user", "content": "a much longer question " * 6}]]
+
+
+@pytest.mark.parametrize("tool_prefix", [False, True])
+async def test_batched_generation_matches_one_at_a_time(tok, tiny, tool_prefix):
+    policy = LocalPolicy(tiny, tok, tool_prefix=tool_prefix)
+    batched = await asyncio.gather(*[policy.complete(m, [], max_tokens=8, temperature=0) for m in CONVERSATIONS])
+    assert (policy.generate_calls, policy.last_batch_size) == (1, 3)
+    alone = [await policy.complete(m, [], max_tokens=8, temperature=0) for m in CONVERSATIONS]
+    for b, a, messages in zip(batched, alone, CONVERSATIONS):
+        assert ids_of(b) == ids_of(a) and b.message.content == a.message.content
+        assert [t.logprob for t in b.logprobs.content] == pytest.approx(
+            forward_logprobs(tiny, tok, messages, [], ids_of(b)), abs=1e-4)
+        assert b.message.content.startswith('<tool_call>\n{"name": "') == tool_prefix
+
+
+async def test_each_request_keeps_its_own_max_tokens(tok, tiny):
+    policy = LocalPolicy(tiny, tok)
+    short, long = await asyncio.gather(policy.complete(CONVERSATIONS[0], [], max_tokens=3, temperature=0),
+                                       policy.complete(CONVERSATIONS[1], [], max_tokens=9, temperature=0))
+    assert policy.generate_calls == 1 and (len(ids_of(short)), len(ids_of(long))) == (3, 9)
+    assert short.finish_reason == long.finish_reason == "length"
+
+
+async def test_sampling_gives_finite_logprobs_and_step_names(tok, tiny):
+    policy = LocalPolicy(tiny, tok, name="tiny")
+    choice = await policy.complete(CONVERSATIONS[0], [], max_tokens=6, temperature=1.0)
+    assert all(math.isfinite(t.logprob) and t.logprob <= 0 for t in choice.logprobs.content)
+    policy.step = 2
+    assert policy.served_name == "tiny@2"
+
+
+async def test_too_long_prompt_is_context_overflow(tok, tiny):
+    with pytest.raises(ContextOverflow, match="holds 256"):
+        await LocalPolicy(tiny, tok).complete([{"role": "user", "content": "word " * 300}], [], max_tokens=4, temperature=0)
+
+
+# ---------------------------------------------------------------- the embedded SmolLM2
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_local_model()
+
+
+TASKS = ["How many employees work in Sales?", "Which department has the highest total salary?"]
+
+
+def conversation(task):
+    return [{"role": "system", "content": "You answer questions about a company database with the tools."},
+            {"role": "user", "content": task}]
+
+
+@pytest.mark.slow
+async def test_smollm2_batches_and_its_choices_train_with_art(smollm2):
+    model, tok = smollm2
+    torch.manual_seed(0)
+    policy = LocalPolicy(model, tok, tool_prefix=True)
+    firsts = await asyncio.gather(*[policy.complete(conversation(t), TOOLS, max_tokens=32, temperature=0.7)
+                                    for t in TASKS for _ in range(2)])
+    assert (policy.generate_calls, policy.last_batch_size) == (1, 4)
+    for choice, task in zip(firsts, [t for t in TASKS for _ in range(2)]):
+        lps = [t.logprob for t in choice.logprobs.content]
+        assert all(math.isfinite(lp) for lp in lps)
+        assert lps == pytest.approx(forward_logprobs(model, tok, conversation(task), TOOLS, ids_of(choice)), abs=1e-3)
+        text = choice.message.content
+        assert text.startswith("<tool_call>") and ("</tool_call>" not in text or text.rstrip().endswith("</tool_call>"))
+    # A second turn for the first task's two samples, then one GRPO group through ART's tokenizer.
+    tool_msg = {"role": "tool", "tool_call_id": "call_0", "content": "employees, departments"}
+    so_far = [conversation(TASKS[0]) + [{"role": "assistant", "content": c.message.content}, tool_msg] for c in firsts[:2]]
+    seconds = await asyncio.gather(*[policy.complete(m, TOOLS, max_tokens=16, temperature=0.7) for m in so_far])
+    trajectories = [art.Trajectory(messages_and_choices=[*conversation(TASKS[0]), first, tool_msg, second],
+                                   tools=TOOLS, reward=reward)
+                    for first, second, reward in zip(firsts[:2], seconds, (1.0, 0.0))]
+    check_art_tokenization(tok, trajectories, [[f, s] for f, s in zip(firsts[:2], seconds)],
+                           [prompt_ids(tok, m, TOOLS) for m in so_far])
