@@ -16,7 +16,8 @@ A `ServerSpec` is one of:
 
 Show a server's tools from a shell: `python -m mcp_rl tools --server SPEC`.
 Transports, sessions and protocol negotiation are fastmcp's; this module only decides which
-transport a spec names, classifies failures, and shapes schemas and results for a model.
+transport a spec names, classifies failures, and shapes results for a model. Tool schemas are
+shaped in `mcp_rl.schemas` (re-exported here: `mcp_tool_to_openai`, `normalize_schema`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
+from urllib.parse import urlsplit
 
 import anyio
 import fastmcp
@@ -41,6 +43,9 @@ import httpx2
 from fastmcp.client.transports import FastMCPTransport, StdioTransport, StreamableHttpTransport
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
+
+# Re-exported: `from mcp_rl.connect import mcp_tool_to_openai` predates schemas.py.
+from .schemas import field_of, mcp_tool_to_openai, normalize_schema
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,7 @@ __all__ = [
 
 _DICT_KEYS = {"url", "headers", "token", "command", "args", "env", "cwd"}
 _SECRET = re.compile(r"token|key|secret|passw|auth|cred|bearer", re.I)
+_URL = re.compile(r"\s*https?://", re.I)
 # Servers phrase argument-validation failures differently; these cover pydantic (FastMCP, the
 # official SDK's MCPServer), JSON-schema validators and common hand-written checks.
 _BAD_ARGS = re.compile(
@@ -81,7 +87,7 @@ class ToolResult:
 def _stdio_argv(spec: str | os.PathLike) -> list[str] | None:
     """The argv a path or command spec runs, or None when it is a URL."""
     text = str(spec).strip()
-    if not isinstance(spec, os.PathLike) and re.match(r"https?://", text, re.I):
+    if not isinstance(spec, os.PathLike) and _URL.match(text):
         return None
     if isinstance(spec, os.PathLike) or (
             text.endswith(".py") and (" " not in text or Path(text).expanduser().is_file())):
@@ -138,8 +144,7 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
         headers = {**(spec.get("headers") or {}), **(headers or {})}
         token = token or spec.get("token")
         if "url" in spec:
-            argv = None
-            url = str(spec["url"])
+            argv, url = None, str(spec["url"])
         else:
             cmd = spec["command"]
             argv = (_python_first(list(map(str, cmd))) if isinstance(cmd, (list, tuple))
@@ -193,11 +198,9 @@ def describe_spec(spec: ServerSpec) -> str:
     if not isinstance(spec, (str, os.PathLike)):
         return f"<unsupported spec of type {type(spec).__name__}>"
     text = str(spec).strip()
-    if re.match(r"https?://", text, re.I):
-        from urllib.parse import urlsplit
+    if _URL.match(text):
         u = urlsplit(text)
-        host = u.hostname or ""
-        host += f":{u.port}" if u.port else ""
+        host = (u.hostname or "") + (f":{u.port}" if u.port else "")
         query = "&".join(f"{q.split('=', 1)[0]}=***" for q in u.query.split("&") if q)
         return f"http: {u.scheme}://{host}{u.path}" + (f"?{query}" if query else "")
     try:
@@ -211,19 +214,6 @@ def describe_spec(spec: ServerSpec) -> str:
 # ---------------------------------------------------------------- results as text
 
 
-def _field(obj: Any, *names: str) -> Any:
-    """The first of `names` that `obj` (dict, pydantic model or dataclass) has. Models are asked
-    only for declared fields, so the SDK's deprecated camelCase aliases never warn."""
-    fields = getattr(type(obj), "model_fields", None)
-    for name in names:
-        if isinstance(obj, dict):
-            if obj.get(name) is not None:
-                return obj[name]
-        elif fields is not None and name in fields or fields is None and hasattr(obj, name):
-            return getattr(obj, name)
-    return None
-
-
 def _nbytes(b64: str | None) -> int:
     if not b64:
         return 0
@@ -234,20 +224,20 @@ def _nbytes(b64: str | None) -> int:
 
 
 def _block_text(block: Any) -> str:
-    kind = _field(block, "type")
+    kind = field_of(block, "type")
     if kind == "text":
-        return _field(block, "text") or ""
-    mime = _field(block, "mime_type", "mimeType")
+        return field_of(block, "text") or ""
+    mime = field_of(block, "mime_type", "mimeType")
     if kind in ("image", "audio"):
-        return f"[{mime or kind}, {_nbytes(_field(block, 'data'))} bytes]"
+        return f"[{mime or kind}, {_nbytes(field_of(block, 'data'))} bytes]"
     if kind == "resource":
-        res = _field(block, "resource")
-        if _field(res, "text") is not None:
-            return _field(res, "text")
-        mime = _field(res, "mime_type", "mimeType") or "binary"
-        return f"[resource {_field(res, 'uri')}, {mime}, {_nbytes(_field(res, 'blob'))} bytes]"
+        res = field_of(block, "resource")
+        if field_of(res, "text") is not None:
+            return field_of(res, "text")
+        mime = field_of(res, "mime_type", "mimeType") or "binary"
+        return f"[resource {field_of(res, 'uri')}, {mime}, {_nbytes(field_of(res, 'blob'))} bytes]"
     if kind == "resource_link":
-        return f"[resource link {_field(block, 'name') or ''} {_field(block, 'uri')}]".replace("  ", " ")
+        return f"[resource link {field_of(block, 'name') or ''} {field_of(block, 'uri')}]".replace("  ", " ")
     return f"[{kind or type(block).__name__} content]"
 
 
@@ -262,154 +252,14 @@ def result_to_text(result: Any, max_chars: int | None = 4000) -> str:
     """The text a model sees for an MCP tool result (a fastmcp or mcp CallToolResult, or a dict):
     text blocks joined by newlines, structured content as compact JSON when no block has text,
     other blocks as short placeholders; over `max_chars` it is cut and says so."""
-    blocks = _field(result, "content") or []
+    blocks = field_of(result, "content") or []
     parts = [_block_text(b) for b in blocks]
-    has_text = any(_field(b, "type") == "text" and _field(b, "text") for b in blocks)
-    structured = _field(result, "structured_content", "structuredContent")
+    has_text = any(field_of(b, "type") == "text" and field_of(b, "text") for b in blocks)
+    structured = field_of(result, "structured_content", "structuredContent")
     if not has_text and structured is not None:
         parts.insert(0, json.dumps(structured, separators=(",", ":"), ensure_ascii=False, default=str))
     text = "\n".join(p for p in parts if p) or "(empty result)"
     return truncate(text, max_chars)
-
-
-# ---------------------------------------------------------------- tool schemas
-
-_EMPTY_PARAMS = {"type": "object", "properties": {}}
-# Keys whose value is one schema, a list of schemas, or a name → schema map.
-_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
-_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
-_MAP = ("properties", "patternProperties")
-# Bookkeeping that costs a small model context and means nothing to it (titles repeat the name).
-_DROP = ("$schema", "$id", "$defs", "definitions", "title", "$comment", "examples")
-_MAX_DEPTH = 24
-
-
-def _cap(text: str, limit: int) -> str:
-    text = " ".join(text.split()) if len(text) > limit else text
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _resolve(ref: str, root: dict) -> Any:
-    """The target of a local JSON pointer ref ("#/$defs/Name"), or None."""
-    if not ref.startswith("#"):
-        return None
-    node: Any = root
-    for part in filter(None, ref[1:].split("/")):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node if isinstance(node, dict) else None
-
-
-def _is_null(s: Any) -> bool:
-    return isinstance(s, dict) and (s.get("type") == "null" or s.get("const", 0) is None) and len(s) <= 2
-
-
-def _norm(schema: Any, root: dict, seen: tuple, depth: int, cap: int) -> dict:
-    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
-        return {}
-    if "$ref" in schema:
-        ref = schema["$ref"]
-        target = _resolve(ref, root) if isinstance(ref, str) else None
-        name = str(ref).rsplit("/", 1)[-1]
-        if target is None or ref in seen:
-            # An unresolvable or recursive ref: the model still learns it is an object by name.
-            why = "recursive" if target is not None else "unresolved"
-            return {"type": "object", "description": f"({why} {name})"}
-        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
-        return _norm(merged, root, seen + (ref,), depth + 1, cap)
-    out: dict = {}
-    for key, value in schema.items():
-        if key in _DROP:
-            continue
-        if key in _MAP:
-            if isinstance(value, dict):
-                out[key] = {str(n): _norm(s, root, seen, depth + 1, cap) for n, s in value.items()}
-        elif key in _ONE:
-            if isinstance(value, bool) and key == "additionalProperties":
-                out[key] = value
-            elif isinstance(value, dict):
-                out[key] = _norm(value, root, seen, depth + 1, cap)
-            elif key == "items" and isinstance(value, list):  # draft-4 tuple form
-                out[key] = _norm(value[0] if value else {}, root, seen, depth + 1, cap)
-        elif key in _MANY:
-            if isinstance(value, list):
-                out[key] = [_norm(s, root, seen, depth + 1, cap) for s in value]
-        elif key == "description":
-            out[key] = _cap(str(value), cap)
-        elif key == "required":
-            if isinstance(value, list):
-                out[key] = [r for r in value if isinstance(r, str)]
-        else:
-            out[key] = value
-    return _simplify(out)
-
-
-def _simplify(s: dict) -> dict:
-    # Optional[X] arrives as anyOf [X, null]; a type list says the same in fewer tokens.
-    alts = s.get("anyOf")
-    if isinstance(alts, list) and len(alts) == 2 and any(map(_is_null, alts)):
-        other = next(a for a in alts if not _is_null(a))
-        if isinstance(other.get("type"), str):
-            s = {**other, **{k: v for k, v in s.items() if k != "anyOf"}}
-            s["type"] = [other["type"], "null"]
-    if isinstance(s.get("allOf"), list) and len(s["allOf"]) == 1:
-        s = {**s.pop("allOf")[0], **s}
-    if "enum" in s and "type" not in s and isinstance(s["enum"], list) and s["enum"]:
-        kinds = {type(v) for v in s["enum"]}
-        names = {str: "string", bool: "boolean", int: "integer", float: "number"}
-        if len(kinds) == 1 and kinds <= names.keys():
-            s["type"] = names[kinds.pop()]
-    is_object = s.get("type") == "object" or "properties" in s
-    if "additionalProperties" in s and not is_object:
-        del s["additionalProperties"]  # meaningless (and rejected by some APIs) off objects
-    if "required" in s:
-        props = s.get("properties")
-        s["required"] = [r for r in s["required"] if not isinstance(props, dict) or r in props]
-        if not s["required"]:
-            del s["required"]
-    if s.get("type") == "array" and "items" not in s:
-        s["items"] = {}  # OpenAI rejects an array schema without items
-    return s
-
-
-def normalize_schema(schema: Any, *, max_description_chars: int = 1024) -> dict:
-    """An MCP inputSchema as OpenAI function `parameters`: always an object schema, `$ref`s
-    inlined (cycles cut), Optional collapsed to a type list, bookkeeping keys dropped."""
-    if not isinstance(schema, dict) or not schema:
-        return dict(_EMPTY_PARAMS, properties={})
-    out = _norm(schema, schema, (), 0, max_description_chars)
-    if out.get("type") != "object":
-        # MCP requires object arguments; a server that says otherwise still gets called with one.
-        out = {k: v for k, v in out.items() if k not in ("type", "items", "enum", "anyOf", "oneOf")}
-        out["type"] = "object"
-    out.setdefault("properties", {})
-    if not isinstance(out["properties"], dict):
-        out["properties"] = {}
-    return out
-
-
-def mcp_tool_to_openai(tool: Any, *, max_description_chars: int = 1024) -> dict:
-    """An MCP Tool (object or dict) as an OpenAI function tool schema
-    {"type": "function", "function": {"name", "description", "parameters"}}.
-    Annotations fold into the description (read-only / destructive), which a model can use."""
-    name = _field(tool, "name")
-    if not name:
-        raise ValueError(f"MCP tool without a name: {tool!r:.200}")
-    desc = str(_field(tool, "description") or _field(tool, "title") or "").strip()
-    notes = _field(tool, "annotations")
-    if notes is not None:
-        if _field(notes, "read_only_hint", "readOnlyHint") is True:
-            desc += " (read-only)"
-        elif _field(notes, "destructive_hint", "destructiveHint") is True:
-            desc += " (destructive: changes data)"
-    schema = _field(tool, "input_schema", "inputSchema")
-    return {"type": "function", "function": {
-        "name": str(name),
-        "description": _cap(desc.strip(), max_description_chars),
-        "parameters": normalize_schema(schema, max_description_chars=max_description_chars),
-    }}
 
 
 # ---------------------------------------------------------------- one session per rollout
@@ -450,9 +300,9 @@ class ToolSession:
         return f"\nServer stderr (last lines):\n{tail}" if tail else ""
 
     async def __aenter__(self) -> "ToolSession":
-        stdio = not isinstance(self.spec, fastmcp.FastMCP) and not (
-            isinstance(self.spec, dict) and ("url" in self.spec or "mcpServers" in self.spec)) and not (
-            isinstance(self.spec, str) and re.match(r"\s*https?://", self.spec, re.I))
+        spec = self.spec
+        stdio = not (isinstance(spec, fastmcp.FastMCP) or isinstance(spec, str) and _URL.match(spec)
+                     or isinstance(spec, dict) and {"url", "mcpServers"} & spec.keys())
         # A stdio server's stderr (banners, logs) would interleave with ours for every rollout;
         # keep it in a temp file and quote its tail when the server fails.
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") if stdio else None

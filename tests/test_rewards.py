@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/rewards.py: answer verification tables, shaping, config checks, and
+"""Tests for mcp_rl/rewards.py: shaping, config checks, the doctests, and
 RULER plumbing through ART's ruler_score_group with litellm's mock_response (or a fake
 judge endpoint on 127.0.0.1 for timeouts and retries).
 
@@ -14,7 +14,6 @@ import json
 import logging
 import threading
 import time
-from datetime import date
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
@@ -24,129 +23,20 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
-from mcp_rl import rewards
-from mcp_rl.rewards import (RewardConfig, efficiency_reward, format_reward, score_group,
-                            score_trajectory, verify_answer)
+from mcp_rl import rewards, verify
+from mcp_rl.rewards import RewardConfig, efficiency_reward, format_reward, score_group, score_trajectory
 
 litellm.suppress_debug_info = True
 # litellm's mock and OpenAI responses trip pydantic's serializer checks inside ART's ruler: noise.
 pytestmark = pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
 
-# ---------------------------------------------------------------- verify_answer
-VERIFY_CASES = [
-    # numbers: formatting
-    ("42", 42, 1.0),
-    ("42.", 42, 1.0),
-    ("1,234", 1234, 1.0),
-    ("$1,234.50", 1234.5, 1.0),
-    ("$1,234.50", "1234.50", 1.0),
-    ("-3.5", -3.5, 1.0),
-    ("−3.5", -3.5, 1.0),
-    ("1.2M", 1_200_000, 1.0),
-    ("12.3 million", 12_345_000, 1.0),
-    ("85k", 85000, 1.0),
-    ("three", 3, 1.0),
-    ("Three.", 3, 1.0),
-    ("about 42", 42, 1.0),
-    ("approximately 1,000", 1003, 1.0),        # "about" opts into the tolerance
-    ("1,000", 1003, 0.0),                      # plain integers must be exact
-    # numbers: tolerance
-    ("42.3", 42.0, 1.0),                       # 0.7% < 1%
-    ("43", 42.0, 0.0),
-    ("43", 42, 0.0),
-    ("0.00005", 0.0, 1.0),                     # abs_tol near zero
-    ("0.01", 0.0, 0.0),
-    ("85123.456", 85123.46, 1.0),
-    # numbers: percent
-    ("12.5%", 0.125, 1.0),
-    ("12.5%", 12.5, 1.0),
-    ("0.125", "12.5%", 1.0),
-    ("12.5 percent", "12.5%", 1.0),
-    ("25%", 0.125, 0.0),
-    # numbers in sentences: the whole string, else the last number
-    ("There are 42 employees.", 42, 1.0),
-    ("Of the 5 departments, Engineering has 42 employees", 42, 1.0),
-    ("42 employees in 5 departments", 42, 0.0),
-    ("As of 2024-01-05 there are 42 open tickets", 42, 1.0),
-    ("no number here", 42, 0.0),
-    ("Q3", 3, 0.0),
-    ("", 0, 0.0),
-    (None, 42, 0.0),
-    # strings
-    ("Engineering", "engineering", 1.0),
-    ("  The Engineering department. ", "Engineering", 1.0),
-    ("Alice Smith", "alice   smith", 1.0),
-    ("Café Noir", "cafe noir", 1.0),
-    ("O'Brien", "OBrien", 1.0),
-    ("Alice Johnson", "Alice Smith", 0.0),
-    ("Engineering or Sales", "Engineering", 0.0),   # hedges get nothing
-    ("not Engineering", "Engineering", 0.0),
-    ("Sales", "Engineering", 0.0),
-    # booleans
-    ("Yes, it does.", True, 1.0),
-    ("true", True, 1.0),
-    ("No", True, 0.0),
-    ("no.", False, 1.0),
-    # dates
-    ("2024-01-15", "2024-01-15", 1.0),
-    ("January 15, 2024", "2024-01-15", 1.0),
-    ("15 Jan 2024", "2024-01-15", 1.0),
-    ("Jan 15th, 2024", date(2024, 1, 15), 1.0),
-    ("01/15/2024", "2024-01-15", 1.0),
-    ("15/01/2024", "2024-01-15", 1.0),
-    ("He was hired on 2024/01/15.", "2024-01-15T09:30:00", 1.0),
-    ("2024-01-16", "2024-01-15", 0.0),
-    ("sometime in 2024", "2024-01-15", 0.0),
-    # lists and sets: order-insensitive F1
-    ("Alice, Bob", ["Bob", "Alice"], 1.0),
-    ('["Alice", "Bob"]', ["alice", "bob"], 1.0),
-    ("['Alice', 'Bob']", ["Alice", "Bob"], 1.0),          # str() of a Python list
-    ("Alice and Bob", {"Alice", "Bob"}, 1.0),
-    ("- Alice\n- Bob\n- Carol", ["Alice", "Bob"], 0.8),    # one extra: 2*2/(2+3)
-    ("Alice", ["Alice", "Bob"], 2 / 3),                    # one missing: 2*1/(2+1)
-    ("Sales, Bob", ["Alice", "Bob"], 0.5),
-    ("1,234; 5,678", [1234, 5678], 1.0),                   # thousands commas survive
-    ("1, 2, 3", [3, 2, 1], 1.0),
-    ("Alice, Alice", ["Alice", "Bob"], 0.5),               # one-to-one matching
-    ("", [], 1.0),                                         # nothing listed, nothing expected
-    ("[]", [], 1.0),
-    ("Alice", [], 0.0),
-]
 
-
-@pytest.mark.parametrize("predicted,expected,score", VERIFY_CASES)
-def test_verify_answer_table(predicted, expected, score):
-    assert verify_answer(predicted, expected) == pytest.approx(score)
-
-
-def test_verify_answer_table_is_large():
-    assert len(VERIFY_CASES) >= 40
-
-
+# ---------------------------------------------------------------- doctests
 def test_doctests_pass():
-    result = doctest.testmod(rewards)
-    assert result.failed == 0 and result.attempted >= 10
-
-
-@pytest.mark.parametrize("kwargs,score", [
-    ({}, 0.0), ({"rel_tol": 0.1}, 1.0), ({"abs_tol": 5.0}, 1.0),
-])
-def test_tolerance_is_configurable(kwargs, score):
-    assert verify_answer("45.0", 42.0, **kwargs) == score
-
-
-def test_exact_integers_can_be_turned_off():
-    assert verify_answer("1,000", 1003, exact_integers=False) == 1.0
-
-
-@pytest.mark.parametrize("expected,error,match", [
-    (None, ValueError, "no verified answer"),
-    ({"a": 1}, TypeError, "cannot verify"),
-    (float("nan"), ValueError, "not a finite number"),
-])
-def test_verify_answer_rejects_bad_expected(expected, error, match):
-    with pytest.raises(error, match=match):
-        verify_answer("1", expected)
+    # One run over both modules: verify_answer's examples moved to mcp_rl/verify.py with it.
+    results = [doctest.testmod(module) for module in (verify, rewards)]
+    assert all(r.failed == 0 and r.attempted > 0 for r in results)
+    assert sum(r.attempted for r in results) >= 10
 
 
 # ---------------------------------------------------------------- shaping
