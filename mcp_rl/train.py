@@ -1,0 +1,395 @@
+"""Portable GRPO / Dr. GRPO LoRA trainer and supervised warm start (CPU or any CUDA GPU, no vLLM).
+
+    trainer = PortableTrainer(policy, learning_rate=5e-5)   # wraps policy.model with LoRA in place
+    trainer.warm_start(demonstrations, epochs=2)            # optional SFT on verified demonstrations
+    metrics = await trainer.train(groups)                    # one optimizer step per batch of groups
+    trainer.save("runs/demo/checkpoints/0003")               # atomic: adapter + optimizer + step
+
+What is written by hand here, and why: the GRPO loss and its update loop. TRL's
+GRPOTrainer owns its own generation loop (prompt -> completions), so it cannot
+take our multi-turn MCP trajectories with tool messages in between; ART 0.4.11's
+loss lives inside its Unsloth/TRL trainer service and needs a CUDA GPU + vLLM.
+What is reused: ART's `tokenize_trajectory_groups` / `tokenize_trajectory` (so both
+backends train on the same tokens, masks, old logprobs and advantages), peft for
+LoRA, torch for AdamW, autocast and gradient clipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import art
+import torch
+from art.preprocessing.tokenize import tokenize_trajectory, tokenize_trajectory_groups
+from art.trajectories import History
+
+log = logging.getLogger(__name__)
+
+LOSSES = ("dr_grpo", "grpo")
+STATE_FILE = "trainer_state.json"
+_FORMAT = 1
+
+
+def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+              mask: torch.Tensor, *, kind: str = "dr_grpo", epsilon: float = 0.2,
+              constant: float | None = None) -> torch.Tensor:
+    """PPO-clipped GRPO loss over [B, T] token log-probabilities.
+
+    `old_logprobs` are the sampler's (NaN/inf where unknown: treated as on-policy, ratio 1,
+    as ART does); `advantages` is [B] or [B, T]; `mask` marks trained tokens.
+    kind="dr_grpo": token losses summed and divided by `constant` (default B*T; the
+    trainer passes max_seq_len * sequences-in-step), no length normalisation.
+    kind="grpo": mean over each sequence's tokens, summed over sequences and divided
+    by `constant` (default B). With one update per batch the ratio is 1 and the clip
+    is inactive, so this is the plain policy gradient.
+    """
+    if kind not in LOSSES:
+        raise ValueError(f"loss kind must be one of {LOSSES}, got {kind!r}")
+    mask = mask.to(new_logprobs.dtype)
+    old = torch.where(torch.isfinite(old_logprobs), old_logprobs, new_logprobs.detach())
+    adv = advantages.to(new_logprobs.dtype)
+    if adv.dim() == new_logprobs.dim() - 1:
+        adv = adv.unsqueeze(-1)
+    ratio = torch.exp(new_logprobs - old)
+    token_loss = -torch.min(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon) * adv) * mask
+    if kind == "dr_grpo":
+        return token_loss.sum() / (constant if constant is not None else new_logprobs.numel())
+    per_seq = token_loss.sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / (constant if constant is not None else new_logprobs.shape[0])
+
+
+class _ArtTokenizer:
+    """transformers >= 5 returns a BatchEncoding from `apply_chat_template(tokenize=True)`;
+    ART 0.4.11's tokenizer indexes the result as a list of ids, so ask for the list."""
+
+    def __init__(self, tokenizer: Any):
+        self._tok = tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tok, name)
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        if kwargs.get("tokenize", True):
+            kwargs.setdefault("return_dict", False)
+        return self._tok.apply_chat_template(conversation, **kwargs)
+
+
+@contextlib.contextmanager
+def _atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success it replaces `target` by rename.
+
+    A crash leaves `target` as it was (plus a `<name>.tmp-XXXX` folder that no loader reads)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        old = None
+        if target.exists():  # a directory cannot be renamed onto a non-empty one: move it aside first
+            old = Path(tempfile.mkdtemp(prefix=f"{target.name}.old-", dir=target.parent))
+            os.replace(target, old / target.name)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _tokenizing() -> Iterator[None]:
+    try:
+        yield
+    except (AssertionError, IndexError, KeyError, ValueError, AttributeError) as e:
+        raise ValueError(f"ART could not tokenize a trajectory ({type(e).__name__}: {e}); assistant turns must be "
+                         "Choices whose logprobs.content tokens read 'token_id:<id>'") from e
+
+
+class PortableTrainer:
+    """LoRA GRPO trainer on `policy.model` (anything with `.model`, `.tokenizer`, `.step`).
+
+    The model is wrapped with peft LoRA in place (`policy.model` becomes the PeftModel)
+    so the policy always samples the newest weights; `policy.step` follows `self.step`.
+    All sequences of one `train_step` make one optimizer step, in micro-batches. ART's
+    per-trajectory `weight` (1/tokens) is not used: Dr. GRPO's point is no length normalisation.
+    """
+
+    def __init__(self, policy: Any, *, learning_rate: float = 5e-5, lora_r: int = 8, lora_alpha: int = 16,
+                 lora_dropout: float = 0.0, target_modules: str | list[str] = "all-linear",
+                 loss: str = "dr_grpo", micro_batch_size: int = 4, max_seq_len: int = 2048,
+                 max_grad_norm: float = 1.0, bf16: bool | str = "auto", epsilon: float = 0.2,
+                 weight_decay: float = 0.0, gradient_checkpointing: bool = False):
+        import peft
+
+        for attr in ("model", "tokenizer"):
+            if getattr(policy, attr, None) is None:
+                raise TypeError(f"PortableTrainer needs a policy with .{attr} (e.g. a LocalPolicy); "
+                                f"got {type(policy).__name__} without it")
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if micro_batch_size < 1 or max_seq_len < 2 or not learning_rate > 0:
+            raise ValueError("micro_batch_size >= 1, max_seq_len >= 2 and learning_rate > 0 are required")
+        self.policy, self.loss, self.epsilon = policy, loss, epsilon
+        self.learning_rate, self.micro_batch_size, self.max_seq_len = learning_rate, micro_batch_size, max_seq_len
+        self.max_grad_norm = max_grad_norm
+        self.tokenizer = _ArtTokenizer(policy.tokenizer)
+        model = policy.model
+        if not isinstance(model, peft.PeftModel):
+            model = peft.get_peft_model(model, peft.LoraConfig(
+                r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                target_modules=target_modules, task_type="CAUSAL_LM"))
+            policy.model = model
+        self.model = model
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.device = next(model.parameters()).device
+        if bf16 == "auto":
+            bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self.bf16 = bool(bf16)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, betas=(0.9, 0.99), weight_decay=weight_decay)
+        self._sft_optimizer: torch.optim.Optimizer | None = None
+        self.step = int(getattr(policy, "step", 0) or 0)
+        self.sft_steps = 0
+        self._lock = threading.Lock()  # one update at a time, also across `train` threads
+        self._keep_logits = "logits_to_keep" in inspect.signature(model.get_base_model().forward).parameters
+
+    # ---- forward pass -------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.bf16:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _logprobs(self, seqs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probabilities of each sequence's tokens from the first trained one on.
+
+        Returns (new_logprobs, old_logprobs, mask), each [B, K]; right padding."""
+        length = max(len(s["ids"]) for s in seqs)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(seqs), length), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        mask = torch.zeros(len(seqs), length)
+        old = torch.full((len(seqs), length), float("nan"))
+        for i, s in enumerate(seqs):
+            n = len(s["ids"])
+            ids[i, :n], attn[i, :n] = torch.tensor(s["ids"]), 1
+            mask[i, :n], old[i, :n] = torch.tensor(s["mask"], dtype=torch.float), torch.tensor(s["old"])
+        # Logits only from the first trained position on: prompts (tool schemas) are long.
+        first = max(1, min(s["mask"].index(1) for s in seqs))
+        keep = length - first
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        kwargs = {"logits_to_keep": keep} if self._keep_logits else {}
+        with self._autocast():
+            logits = self.model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], **kwargs).logits
+        logits = logits[:, -keep:].float()
+        targets = ids[:, first:]
+        new = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+        return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)
+
+    def _micro_batches(self, seqs: list[dict]) -> list[list[dict]]:
+        seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # similar lengths together: less padding
+        return [seqs[i:i + self.micro_batch_size] for i in range(0, len(seqs), self.micro_batch_size)]
+
+    def _sequence(self, result: Any) -> dict:
+        return {"ids": list(result.token_ids), "mask": list(result.assistant_mask),
+                "old": [float(x) for x in result.logprobs], "adv": float(result.advantage)}
+
+    def _keep_fitting(self, seqs: list[dict]) -> tuple[list[dict], int]:
+        # Truncating would cut assistant turns mid-way and break the masks: skip instead.
+        kept = [s for s in seqs if len(s["ids"]) <= self.max_seq_len and 1 in s["mask"]]
+        too_long = sum(len(s["ids"]) > self.max_seq_len for s in seqs)
+        if too_long:
+            log.warning("skipped %d of %d sequences longer than max_seq_len=%d", too_long, len(seqs), self.max_seq_len)
+        return kept, too_long
+
+    def _update(self, optimizer: torch.optim.Optimizer) -> float:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    # ---- GRPO ---------------------------------------------------------------------
+    def train_step(self, groups: list[art.TrajectoryGroup]) -> dict[str, float]:
+        """One GRPO update on a batch of trajectory groups (each group: rollouts of one scenario)."""
+        start = time.perf_counter()
+        groups = list(groups)
+        kept, zero_var = [], 0
+        for i, group in enumerate(groups):
+            if not isinstance(group, art.TrajectoryGroup):
+                raise TypeError(f"train_step takes art.TrajectoryGroup objects; item {i} is {type(group).__name__}")
+            rewards = [t.reward for t in group.trajectories]
+            if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
+                raise ValueError(f"group {i} has a non-finite or non-numeric reward {rewards}; score it first")
+            if len(rewards) < 2 or max(rewards) == min(rewards):
+                zero_var += 1
+            else:
+                kept.append(group)
+        if zero_var:
+            log.info("skipped %d of %d groups with zero reward variance (no advantage to learn from)",
+                     zero_var, len(groups))
+        with self._lock:
+            with _tokenizing():
+                results = list(tokenize_trajectory_groups(self.tokenizer, kept, allow_training_without_logprobs=False,
+                                                          scale_rewards=(self.loss == "grpo")))
+            seqs, too_long = self._keep_fitting([self._sequence(r) for r in results])
+            metrics = {"loss": 0.0, "num_sequences": float(len(seqs)), "num_tokens": 0.0, "grad_norm": 0.0,
+                       "skipped_groups": float(zero_var), "skipped_too_long": float(too_long), "updated": 0.0}
+            if seqs:
+                constant = self.max_seq_len * len(seqs) if self.loss == "dr_grpo" else len(seqs)
+                was_training = self.model.training
+                self.model.train()
+                try:
+                    for batch in self._micro_batches(seqs):
+                        new, old, mask = self._logprobs(batch)
+                        adv = torch.tensor([s["adv"] for s in batch], device=self.device)
+                        loss = grpo_loss(new, old, adv, mask, kind=self.loss, epsilon=self.epsilon, constant=constant)
+                        loss.backward()
+                        metrics["loss"] += float(loss.detach())
+                        metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
+                    metrics["grad_norm"] = self._update(self.optimizer)
+                finally:
+                    self.model.train(was_training)
+                self.step += 1
+                self.policy.step = self.step
+                metrics["updated"] = 1.0
+        seconds = time.perf_counter() - start
+        metrics.update(step=float(self.step), seconds=seconds, tokens_per_s=metrics["num_tokens"] / max(seconds, 1e-9))
+        return metrics
+
+    async def train(self, groups: list[art.TrajectoryGroup]) -> dict[str, float]:
+        """`train_step` in a worker thread, so the event loop (MCP sessions, servers) keeps running."""
+        return await asyncio.to_thread(self.train_step, groups)
+
+    # ---- supervised warm start ----------------------------------------------------
+    def _sft_sequences(self, trajectories: Iterable[art.Trajectory]) -> list[dict]:
+        seqs = []
+        for t in trajectories:
+            for history in [History(messages_and_choices=t.messages_and_choices, tools=t.tools), *t.additional_histories]:
+                with _tokenizing():
+                    result = tokenize_trajectory(self.tokenizer, history, 1.0, False)
+                if result:
+                    seqs.append(self._sequence(result))
+        if not seqs:
+            raise ValueError("no demonstration has an assistant Choice with token logprobs to imitate "
+                             "(build them with DemonstrationPolicy, whose Choices carry token_id:<id> logprobs)")
+        return self._keep_fitting(seqs)[0]
+
+    def sft_nll(self, trajectories: Iterable[art.Trajectory]) -> float:
+        """Mean negative log-likelihood per assistant token (no update)."""
+        seqs, total, count = self._sft_sequences(trajectories), 0.0, 0.0
+        with torch.no_grad():
+            for batch in self._micro_batches(seqs):
+                new, _, mask = self._logprobs(batch)
+                total += float(-(new * mask).sum())
+                count += float(mask.sum())
+        return total / max(count, 1.0)
+
+    def sft_step(self, trajectories: Iterable[art.Trajectory], *, learning_rate: float = 2e-4) -> dict[str, float]:
+        """One supervised update: mean NLL over all assistant tokens of the demonstrations."""
+        start = time.perf_counter()
+        if self._sft_optimizer is None:  # its own optimizer: SFT moments should not leak into RL steps
+            self._sft_optimizer = torch.optim.AdamW(self.params, lr=learning_rate, betas=(0.9, 0.99))
+        for group in self._sft_optimizer.param_groups:
+            group["lr"] = learning_rate
+        with self._lock:
+            seqs = self._sft_sequences(trajectories)
+            n_tokens = sum(sum(s["mask"]) for s in seqs)
+            was_training, nll = self.model.training, 0.0
+            self.model.train()
+            try:
+                for batch in self._micro_batches(seqs):
+                    new, _, mask = self._logprobs(batch)
+                    loss = -(new * mask).sum() / n_tokens
+                    loss.backward()
+                    nll += float(loss.detach())
+                grad_norm = self._update(self._sft_optimizer)
+            finally:
+                self.model.train(was_training)
+            self.sft_steps += 1
+        return {"nll": nll, "num_sequences": float(len(seqs)), "num_tokens": float(n_tokens),
+                "grad_norm": grad_norm, "seconds": time.perf_counter() - start}
+
+    def warm_start(self, trajectories: list[art.Trajectory], epochs: int = 1, *, learning_rate: float = 2e-4,
+                   batch_size: int = 8, seed: int = 0) -> dict[str, float]:
+        """Supervised passes over demonstrations before RL (teaches the tool-call format).
+
+        Does not advance `step` (that counts RL updates); counted in `sft_steps`."""
+        trajectories = list(trajectories)
+        if not trajectories or epochs < 1 or batch_size < 1:
+            raise ValueError("warm_start needs at least one demonstration, epochs >= 1 and batch_size >= 1")
+        start, rng, history = time.perf_counter(), random.Random(seed), []
+        for epoch in range(epochs):
+            order = trajectories[:]
+            rng.shuffle(order)
+            nlls = [self.sft_step(order[i:i + batch_size], learning_rate=learning_rate)["nll"]
+                    for i in range(0, len(order), batch_size)]
+            history.append(sum(nlls) / len(nlls))
+            log.info("warm start epoch %d/%d | nll %.3f", epoch + 1, epochs, history[-1])
+        return {"epochs": float(epochs), "steps": float(self.sft_steps), "nll_first_epoch": history[0],
+                "nll_last_epoch": history[-1], "num_trajectories": float(len(trajectories)),
+                "seconds": time.perf_counter() - start}
+
+    # ---- checkpoints --------------------------------------------------------------
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write adapter/ (peft), optimizer.pt and trainer_state.json atomically to `directory`."""
+        target = Path(directory)
+        with self._lock, _atomic_dir(target) as tmp:
+            self.model.save_pretrained(tmp / "adapter")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            (tmp / STATE_FILE).write_text(json.dumps({
+                "format": _FORMAT, "step": self.step, "sft_steps": self.sft_steps, "loss": self.loss,
+                "learning_rate": self.learning_rate, "max_seq_len": self.max_seq_len}, indent=2))
+        return target
+
+    def load(self, directory: str | os.PathLike) -> dict:
+        """Restore LoRA weights, optimizer state and step from a `save`d folder."""
+        from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+        path = Path(directory)
+        if not (path / STATE_FILE).is_file() or not (path / "adapter").is_dir():
+            raise FileNotFoundError(f"{path} is not a PortableTrainer checkpoint (no {STATE_FILE} or adapter/); "
+                                    "pass a folder written by trainer.save()")
+        state = json.loads((path / STATE_FILE).read_text())
+        weights = load_peft_weights(str(path / "adapter"), device=str(self.device))
+        try:
+            result = set_peft_model_state_dict(self.model, weights)
+        except RuntimeError as e:  # shape mismatch: another rank or model
+            raise ValueError(f"checkpoint {path} does not fit this model's LoRA (different rank/model?): {e}") from e
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"checkpoint {path} has weights this model lacks: {result.unexpected_keys[:3]}...")
+        if (path / "optimizer.pt").is_file():
+            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
+        self.step, self.sft_steps = int(state["step"]), int(state.get("sft_steps", 0))
+        self.policy.step = self.step
+        return state
+
+    def merge_and_save(self, directory: str | os.PathLike) -> Path:
+        """Export a merged Hugging Face model (+ tokenizer) for serving (vLLM, llama.cpp convert...).
+
+        Merges a copy (the live model keeps its adapter), so it needs the model's memory twice."""
+        from transformers import AutoModelForCausalLM
+
+        with self._lock:
+            merged = copy.deepcopy(self.model).merge_and_unload()
+        if getattr(merged, "hf_quantizer", None) is not None:
+            # A GGUF-loaded model refuses save_pretrained; its weights are plain dequantized tensors.
+            clean = AutoModelForCausalLM.from_config(merged.config)
+            clean.load_state_dict(merged.state_dict())
+            merged = clean
+        with _atomic_dir(Path(directory)) as tmp:
+            merged.save_pretrained(tmp)
+            self.tokenizer._tok.save_pretrained(tmp)
+        return Path(directory)

