@@ -15,7 +15,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 _NAMES = {
     "connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai", "tools_json"],
     "scenarios": ["Scenario", "load_scenarios", "save_scenarios", "split_scenarios", "collect_context",
-                  "grounded_scenarios", "llm_scenarios"],
+                  "grounded_scenarios", "llm_scenarios", "enrich_tools"],
     "policy": ["Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy", "DemonstrationPolicy"],
     "local_policy": ["LocalPolicy", "load_local_model"],
     "rollout": ["RolloutConfig", "rollout", "gather_rollouts", "transcript"],
@@ -24,8 +24,8 @@ _NAMES = {
     "art_backend": ["ARTTrainer"],
     "evaluate": ["EvalResult", "evaluate", "write_report"],
     "config": ["Config", "TrainConfig", "PRESETS", "preset", "load_config", "apply_overrides"],
-    "launch": ["serve_http", "company_server_command"],
-    "pipeline": ["run"],
+    "launch": ["HttpServer", "serve_http", "company_server_command"],
+    "pipeline": ["run", "build_trainer", "load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -1,6 +1,10 @@
-"""Start an MCP server as a subprocess on a local HTTP port, for as long as a block runs.
+"""Start an MCP server as a subprocess on a local HTTP port.
 
-    async with serve_http(company_server_command()) as url:   # http://127.0.0.1:PORT/mcp
+    server = HttpServer(company_server_command()).start()     # notebooks: stays up across cells
+    print(server.url)                                          # http://127.0.0.1:PORT/mcp
+    server.stop()
+
+    async with serve_http(company_server_command()) as url:    # scripts: for as long as a block runs
         ...
 
 Used by the demo and the notebooks so the agent talks to the company server
@@ -16,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,37 +40,69 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class HttpServer:
+    """`argv --transport http --host 127.0.0.1 --port P` as a child process."""
+
+    def __init__(self, argv: list[str], *, port: int | None = None, token: str | None = None,
+                 startup_timeout: float = 60.0):
+        self.argv, self.port, self.token, self.startup_timeout = list(argv), port or free_port(), token, startup_timeout
+        self.proc: subprocess.Popen | None = None
+        # stderr goes to a file, not a pipe: a chatty server must never block on a full pipe.
+        self._log = tempfile.TemporaryFile(mode="w+")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    @property
+    def spec(self) -> dict:
+        """A ServerSpec for mcp_rl (the URL, with the token when there is one)."""
+        return {"url": self.url, **({"token": self.token} if self.token else {})}
+
+    def start(self) -> "HttpServer":
+        env = {**os.environ, **({"MCP_RL_TOKEN": self.token} if self.token else {})}
+        self.proc = subprocess.Popen(
+            [*self.argv, "--transport", "http", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=env, stdout=subprocess.DEVNULL, stderr=self._log, text=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                self._log.seek(0)
+                raise RuntimeError(f"MCP server {self.argv} exited with code {self.proc.returncode}: "
+                                   f"{self._log.read()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"MCP server {self.argv} did not listen on port {self.port} "
+                                       f"within {self.startup_timeout:.0f} s")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "HttpServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @contextlib.asynccontextmanager
 async def serve_http(argv: list[str], *, port: int | None = None, token: str | None = None,
                      startup_timeout: float = 60.0):
-    """Run `argv --transport http --host 127.0.0.1 --port P`; yield its /mcp URL; stop it after."""
-    port = port or free_port()
-    env = {**os.environ, **({"MCP_RL_TOKEN": token} if token else {})}
-    # stderr goes to a file, not a pipe: a chatty server must never block on a full pipe.
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([*argv, "--transport", "http", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    """Run an HttpServer for the duration of an `async with`; yield its /mcp URL."""
+    server = HttpServer(argv, port=port, token=token, startup_timeout=startup_timeout)
+    await asyncio.to_thread(server.start)
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"MCP server {argv} exited with code {proc.returncode}: "
-                                   f"{(log.seek(0), log.read())[1][-2000:]}")
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                if loop.time() > deadline:
-                    raise RuntimeError(f"MCP server {argv} did not listen on port {port} within {startup_timeout:.0f} s")
-                await asyncio.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        server.stop()

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from .config import Config
-from .evaluate import EvalResult, evaluate, load_eval, save_eval, summarize, write_json_atomic, write_report
-from .launch import company_server_command, serve_http
+from .evaluate import EvalResult, evaluate, load_eval, save_eval, write_json_atomic, write_report
+from .launch import HttpServer, company_server_command
 from .policy import DemonstrationPolicy
 from .rewards import score_group
 from .rollout import gather_rollouts
@@ -48,8 +48,8 @@ def step_batch(train, step: int, size: int, seed: int) -> list:
 async def open_server(cfg: Config):
     """Yield a ServerSpec for rollouts; 'company' starts mcp_server.py over HTTP."""
     if cfg.server == COMPANY:
-        async with serve_http(company_server_command(), token=cfg.server_token) as url:
-            yield {"url": url, **({"token": cfg.server_token} if cfg.server_token else {})}
+        with HttpServer(company_server_command(), token=cfg.server_token) as server:
+            yield server.spec
     else:
         yield cfg.server
 
@@ -59,37 +59,57 @@ def build_trainer(cfg: Config):
     if t.backend == "art":
         from .art_backend import ARTTrainer
 
+        if t.warm_start_scenarios:
+            raise ValueError("the ART backend has no warm start: set train.warm_start_scenarios=0 "
+                             "(warm-start with the portable backend, then train with ART from its adapter)")
         return ARTTrainer(base_model=cfg.model, project=Path(cfg.out).name, learning_rate=t.learning_rate,
-                          max_seq_length=t.max_seq_len, load_in_4bit=cfg.load_in_4bit)
+                          loss=t.loss, max_seq_length=t.max_seq_len, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
+                          art_path=str(Path(cfg.out) / ".art"))
     from .local_policy import LocalPolicy, load_local_model
     from .train import PortableTrainer
 
     model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
     policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
-                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len)
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, bf16=t.bf16)
 
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-async def _eval(trainer, server, scenarios, cfg: Config, label: str, run_dir: Path) -> EvalResult:
+def load_splits(cfg: Config) -> tuple[list, list, list]:
+    """(train, val, test) verified scenarios of `cfg.scenarios`; val and test capped at eval_scenarios."""
+    scenarios = load_scenarios(cfg.scenarios)
+    split = lambda name: [s for s in scenarios if s.split == name and s.answer is not None]  # noqa: E731
+    train, val, test = split("train"), split("val")[: cfg.train.eval_scenarios], split("test")[: cfg.train.eval_scenarios]
+    if not train or not test:
+        raise ValueError(f"{cfg.scenarios} needs verified scenarios in the train and test splits "
+                         f"(found {len(train)} train, {len(test)} test)")
+    return train, val, test
+
+
+async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str, run_dir: Path | None = None) -> EvalResult:
+    """Verified success of `policy` on `scenarios` (greedy by default); rows saved in run_dir."""
     rcfg = dataclasses.replace(cfg.rollout, temperature=cfg.train.eval_temperature)
-    result, _ = await evaluate(trainer.policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward)
-    save_eval(run_dir, result)
+    result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward)
+    if run_dir is not None:
+        save_eval(Path(run_dir), result)
     _log(result.line())
     return result
 
 
-async def _warm_start(trainer, server, train, cfg: Config, run_dir: Path) -> dict:
+async def warm_start(trainer, server, train, cfg: Config) -> dict:
+    """Supervised pass on demonstrations of the first `warm_start_scenarios` training scenarios,
+    each played through the real server (so tool outputs are real)."""
     demos_for = train[: cfg.train.warm_start_scenarios]
     demo_policy = DemonstrationPolicy(demos_for, tokenizer=trainer.policy.tokenizer)
     groups = await gather_rollouts(demo_policy, server, demos_for, cfg.rollout, desc="demonstrations")
     demos = [t for g in groups for t in g.trajectories if t.metrics.get("completed") and not t.metrics.get("fatal")]
     _log(f"warm start | {len(demos)}/{len(demos_for)} demonstrations completed through the server")
     metrics = await _maybe_async(trainer.warm_start(demos, epochs=cfg.train.warm_start_epochs,
-                                                    learning_rate=cfg.train.warm_start_lr))
+                                                    learning_rate=cfg.train.warm_start_lr,
+                                                    batch_size=cfg.train.warm_start_batch_size))
     return {"demonstrations": len(demos), **metrics}
 
 
@@ -111,7 +131,8 @@ def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-async def _train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
+async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
+    """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
     t0 = time.monotonic()
     groups = await gather_rollouts(trainer.policy, server, batch, cfg.rollout,
                                    group_size=cfg.train.group_size, desc=f"step {step + 1}")
@@ -131,7 +152,7 @@ async def _train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
         "reward_mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
         "success_rate": sum(t.metrics.get("reward/verified", 0) >= 0.999 for t in trajs) / max(len(trajs), 1),
         "completed_rate": sum(bool(t.metrics.get("completed")) for t in trajs) / max(len(trajs), 1),
-        "groups_skipped": len(skipped), "skipped": skipped,
+        "groups_skipped": len(skipped), "skipped": skipped, "scenarios": [s.id for s in batch],
         "policy_step": trainer.policy.step,
     }
     varied = [g for g in scored if len({t.reward for t in g.trajectories}) > 1]
@@ -144,68 +165,73 @@ async def _train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     return rec
 
 
-async def run(cfg: Config, *, resume: bool = False) -> dict:
-    """The whole pipeline; returns {"base": EvalResult, ..., "report": path}."""
+async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: dict, val=()) -> dict:
+    """Steps `state["step"]`..`cfg.train.steps`, each committed by an atomic checkpoint."""
+    while state["step"] < cfg.train.steps:
+        step = state["step"]
+        batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
+        rec = await train_step(trainer, server, batch, cfg, step)
+        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
+            rec["val_success"] = (await evaluate_policy(trainer.policy, server, val, cfg, f"val_step{step + 1}",
+                                                        run_dir)).success_rate
+        state["step"] = step + 1
+        state["history"].append(rec)
+        _checkpoint(trainer, run_dir, state)
+        _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
+             f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "
+             f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s")
+    return state
+
+
+async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
+    """The whole pipeline; returns {"base": EvalResult, ["warm_start": ...,] "trained": ..., "report": path}.
+
+    Phases are committed in run_dir/state.json, so `resume=True` picks up after the
+    last complete one (and the last complete step). Pass `trainer` to reuse a loaded model."""
     run_dir = Path(cfg.out)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise ValueError(f"{run_dir} already holds a run: pass --resume to continue it, or --out a new folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", dataclasses.asdict(cfg))
-    scenarios = load_scenarios(cfg.scenarios)
-    train = [s for s in scenarios if s.split == "train" and s.answer is not None]
-    test = [s for s in scenarios if s.split == "test" and s.answer is not None][: cfg.train.eval_scenarios]
-    val = [s for s in scenarios if s.split == "val" and s.answer is not None][: cfg.train.eval_scenarios]
-    if not train or not test:
-        raise ValueError(f"{cfg.scenarios} needs verified scenarios in the train and test splits "
-                         f"(found {len(train)} train, {len(test)} test)")
+    train, val, test = load_splits(cfg)
     state = _state(run_dir) if resume else {"step": 0, "history": [], "phase": "new"}
     _log(f"run {run_dir} | model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, "
-         f"{len(test)} test scenarios | resuming at step {state['step']}" if resume else
-         f"run {run_dir} | model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, {len(test)} test scenarios")
-    trainer = build_trainer(cfg)
-    await _maybe_async(getattr(trainer, "setup", lambda: None)())
+         f"{len(test)} test scenarios" + (f" | resuming at step {state['step']}" if resume else ""))
+    if trainer is None:
+        trainer = build_trainer(cfg)
+        if hasattr(trainer, "register"):  # ART: starts vLLM and Unsloth on the GPU
+            await trainer.register()
     results: dict[str, EvalResult] = {}
     async with open_server(cfg) as server:
         if state["phase"] != "new":
-            ckpts = sorted((run_dir / "checkpoints").glob(f"step-{state['step']:04d}"))
-            if ckpts:
-                trainer.load(ckpts[-1])
+            ckpt = run_dir / "checkpoints" / f"step-{state['step']:04d}"
+            if ckpt.exists():
+                trainer.load(ckpt)
         if state["phase"] == "new":
-            results["base"] = await _eval(trainer, server, test, cfg, "base", run_dir)
+            results["base"] = await evaluate_policy(trainer.policy, server, test, cfg, "base", run_dir)
             state["phase"] = "base_done"
             write_json_atomic(run_dir / "state.json", state)
         else:
             results["base"] = load_eval(run_dir, "base")
         if state["phase"] == "base_done":
             if cfg.train.warm_start_scenarios:
-                ws = await _warm_start(trainer, server, train, cfg, run_dir)
-                state["history"].append({"step": 0, "phase": "warm_start", **ws})
-                results["warm_start"] = await _eval(trainer, server, test, cfg, "warm_start", run_dir)
+                state["history"].append({"step": 0, "phase": "warm_start", **await warm_start(trainer, server, train, cfg)})
+                results["warm_start"] = await evaluate_policy(trainer.policy, server, test, cfg, "warm_start", run_dir)
             state["phase"] = "training"
             _checkpoint(trainer, run_dir, state)
         elif (run_dir / "eval_warm_start.jsonl").exists():
             results["warm_start"] = load_eval(run_dir, "warm_start")
-        while state["step"] < cfg.train.steps:
-            step = state["step"]
-            batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
-            rec = await _train_step(trainer, server, batch, cfg, step)
-            if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
-                rec["val_success"] = (await _eval(trainer, server, val, cfg, f"val_step{step + 1}", run_dir)).success_rate
-            state["step"] = step + 1
-            state["history"].append(rec)
-            _checkpoint(trainer, run_dir, state)
-            _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
-                 f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "
-                 f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s")
+        state = await train_loop(trainer, server, train, cfg, run_dir, state, val)
         if state["phase"] != "done":
-            results["trained"] = await _eval(trainer, server, test, cfg, "trained", run_dir)
+            results["trained"] = await evaluate_policy(trainer.policy, server, test, cfg, "trained", run_dir)
             state["phase"] = "done"
             write_json_atomic(run_dir / "state.json", state)
         else:
             results["trained"] = load_eval(run_dir, "trained")
     report = write_report(run_dir, list(results.values()), state["history"], title=f"mcp-rl run: {cfg.model}")
     _log(f"report: {report}")
-    return {**results, "report": report}
+    return {**results, "report": report, "trainer": trainer}
 
 
-__all__ = ["run", "step_batch", "summarize"]
+__all__ = ["run", "load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop", "step_batch",
+           "build_trainer", "open_server"]

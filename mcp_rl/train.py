@@ -34,8 +34,10 @@ from typing import Any, Iterable, Iterator
 
 import art
 import torch
+from tqdm.auto import tqdm
 from art.preprocessing.tokenize import tokenize_trajectory, tokenize_trajectory_groups
 from art.trajectories import History
+from .local_policy import art_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +72,6 @@ def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         return token_loss.sum() / (constant if constant is not None else new_logprobs.numel())
     per_seq = token_loss.sum(-1) / mask.sum(-1).clamp(min=1)
     return per_seq.sum() / (constant if constant is not None else new_logprobs.shape[0])
-
-
-class _ArtTokenizer:
-    """transformers >= 5 returns a BatchEncoding from `apply_chat_template(tokenize=True)`;
-    ART 0.4.11's tokenizer indexes the result as a list of ids, so ask for the list."""
-
-    def __init__(self, tokenizer: Any):
-        self._tok = tokenizer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tok, name)
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
-        if kwargs.get("tokenize", True):
-            kwargs.setdefault("return_dict", False)
-        return self._tok.apply_chat_template(conversation, **kwargs)
 
 
 @contextlib.contextmanager
@@ -145,7 +131,7 @@ class PortableTrainer:
         self.policy, self.loss, self.epsilon = policy, loss, epsilon
         self.learning_rate, self.micro_batch_size, self.max_seq_len = learning_rate, micro_batch_size, max_seq_len
         self.max_grad_norm = max_grad_norm
-        self.tokenizer = _ArtTokenizer(policy.tokenizer)
+        self.tokenizer = art_tokenizer(policy.tokenizer)
         model = policy.model
         if not isinstance(model, peft.PeftModel):
             model = peft.get_peft_model(model, peft.LoraConfig(
@@ -334,10 +320,13 @@ class PortableTrainer:
         for epoch in range(epochs):
             order = trajectories[:]
             rng.shuffle(order)
-            nlls = [self.sft_step(order[i:i + batch_size], learning_rate=learning_rate)["nll"]
-                    for i in range(0, len(order), batch_size)]
+            nlls = []
+            bar = tqdm(range(0, len(order), batch_size), desc=f"warm start {epoch + 1}/{epochs}", leave=False)
+            for i in bar:
+                nlls.append(self.sft_step(order[i:i + batch_size], learning_rate=learning_rate)["nll"])
+                bar.set_postfix(nll=f"{nlls[-1]:.3f}")
             history.append(sum(nlls) / len(nlls))
-            log.info("warm start epoch %d/%d | nll %.3f", epoch + 1, epochs, history[-1])
+            print(f"warm start epoch {epoch + 1}/{epochs} | nll {history[-1]:.3f}", flush=True)
         return {"epochs": float(epochs), "steps": float(self.sft_steps), "nll_first_epoch": history[0],
                 "nll_last_epoch": history[-1], "num_trajectories": float(len(trajectories)),
                 "seconds": time.perf_counter() - start}
@@ -391,5 +380,5 @@ class PortableTrainer:
             merged = clean
         with _atomic_dir(Path(directory)) as tmp:
             merged.save_pretrained(tmp)
-            self.tokenizer._tok.save_pretrained(tmp)
+            self.tokenizer.tokenizer.save_pretrained(tmp)
         return Path(directory)
