@@ -26,6 +26,7 @@ _NAMES = {
     "config": ["Config", "TrainConfig", "PRESETS", "preset", "load_config", "apply_overrides"],
     "launch": ["HttpServer", "serve_http", "company_server_command"],
     "pipeline": ["run", "build_trainer", "load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop"],
+    "keys": ["get_secret"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = sorted(_WHERE)

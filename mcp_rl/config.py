@@ -101,9 +101,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {
         "model": "smollm2",
         "rollout": {"max_turns": 6, "max_tokens": 96, "temperature": 1.0, "concurrency": 16},
-        "train": {"steps": 2, "groups_per_step": 2, "group_size": 4, "learning_rate": 2e-5,
+        "train": {"steps": 2, "groups_per_step": 2, "group_size": 4, "learning_rate": 1e-4,
                   "warm_start_scenarios": 32, "warm_start_epochs": 1, "warm_start_lr": 5e-4,
-                  "eval_scenarios": 24, "max_seq_len": 2048, "micro_batch_size": 2, "bf16": True},
+                  "eval_scenarios": 16, "max_seq_len": 2048, "micro_batch_size": 2, "bf16": True},
     },
     # Colab free T4: Qwen2.5-3B-Instruct in 4 bits through ART + vLLM 0.9.2 (float16: T4 has no bf16).
     "t4": {

@@ -107,6 +107,11 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
     groups = await gather_rollouts(demo_policy, server, demos_for, cfg.rollout, desc="demonstrations")
     demos = [t for g in groups for t in g.trajectories if t.metrics.get("completed") and not t.metrics.get("fatal")]
     _log(f"warm start | {len(demos)}/{len(demos_for)} demonstrations completed through the server")
+    if not demos:
+        reasons = {t.metadata.get("fatal_reason") or f"not completed in {t.metrics.get('turns')} turns"
+                   for g in groups for t in g.trajectories}
+        raise ValueError(f"no demonstration completed ({'; '.join(sorted(reasons))[:300]}); a demonstration needs "
+                         f"about 5 turns (rollout.max_turns is {cfg.rollout.max_turns})")
     metrics = await _maybe_async(trainer.warm_start(demos, epochs=cfg.train.warm_start_epochs,
                                                     learning_rate=cfg.train.warm_start_lr,
                                                     batch_size=cfg.train.warm_start_batch_size))

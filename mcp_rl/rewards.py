@@ -10,7 +10,10 @@ Components, each logged per trajectory as `metrics["reward/<name>"]`:
   ruler       ART's RULER judge score, clamped to [0, 1] (only when judge_model is set);
   efficiency  a bonus in [0, 1] for few tool calls, only for a fully verified-correct answer
               (RULER's default rubric already ranks efficiency within a group);
-  format      a penalty in [-1, 0] for malformed calls, tool errors and not completing.
+  format      a penalty in [-1, 0] for malformed calls, tool errors and not completing;
+  <custom>    your own functions, `RewardConfig(custom=[(name, fn, weight)])` with
+              `fn(trajectory, scenario) -> float`; one that raises or returns a non-number
+              scores 0.0, with the error in trajectory.logs and metrics["reward/<name>_error"].
 The reward is sum(weight * value) over the components present; a weight of 0 logs a
 component without rewarding it. `metrics["reward/used_<name>"]` is 1.0 when it counted and
 `metrics["reward/judge_failed"]` is 1.0 when the judge was configured but gave no usable scores.
@@ -99,6 +102,9 @@ class RewardConfig:
     rubric: str | None = _f(None, "RULER grading rubric; None = ART's DEFAULT_RUBRIC")
     on_judge_failure: str = _f("verified", "'verified': score a failed-judge group by its verified answer "
                                            "(skipped when it has none); 'skip': skip the group")
+    custom: list = field(default_factory=list, metadata={"help": (
+        "your reward functions: a list of (name, fn, weight), fn(trajectory, scenario) -> float, "
+        "added as weight * value (0 = log only)")})
 
     def __post_init__(self) -> None:
         for name in COMPONENTS:
@@ -129,6 +135,34 @@ class RewardConfig:
             raise ValueError(f"judge_params must be a dict of litellm parameters, got {type(self.judge_params).__name__}")
         if self.on_judge_failure not in ("verified", "skip"):
             raise ValueError(f"on_judge_failure must be 'verified' or 'skip', got {self.on_judge_failure!r}")
+        self.custom = [_check_custom(item, i) for i, item in enumerate(self.custom or [])]
+        names = [name for name, _, _ in self.custom]
+        if len(set(names)) != len(names):
+            raise ValueError(f"custom reward names must be unique, got {names}")
+
+
+def _check_custom(item: Any, i: int) -> tuple[str, Any, float]:
+    if not isinstance(item, (tuple, list)) or len(item) != 3:
+        raise ValueError(f"custom[{i}] must be a (name, fn, weight) tuple, got {item!r}")
+    name, fn, weight = item
+    if not isinstance(name, str) or not name.isidentifier() or name in COMPONENTS:
+        raise ValueError(f"custom[{i}]: name must be an identifier other than {', '.join(COMPONENTS)}; got {name!r}")
+    if not callable(fn):
+        raise ValueError(f"custom[{i}] ({name}): fn must be callable as fn(trajectory, scenario) -> float")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+        raise ValueError(f"custom[{i}] ({name}): weight must be a finite number >= 0 (0 logs only), got {weight!r}")
+    return name, fn, float(weight)
+
+
+def _custom_value(fn: Any, traj: art.Trajectory, scenario: Any, name: str) -> tuple[float, str | None]:
+    """(value, error) of one user reward function; an error never escapes (a step must not crash)."""
+    try:
+        value = fn(traj, scenario)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TypeError(f"returned {value!r}; it must return a finite number")
+        return float(value), None
+    except Exception as e:  # noqa: BLE001 -- user code: any failure is logged and scored 0
+        return 0.0, f"custom reward {name!r} failed: {type(e).__name__}: {e}"
 
 
 # ---------------------------------------------------------------- RULER, hardened
@@ -187,7 +221,7 @@ async def _judge(group: art.TrajectoryGroup, cfg: RewardConfig, sid: str) -> tup
 
 
 # ---------------------------------------------------------------- composite
-def _apply(traj: art.Trajectory, expected: Any, cfg: RewardConfig, sid: str, *,
+def _apply(traj: art.Trajectory, expected: Any, cfg: RewardConfig, sid: str, *, scenario: Any = None,
            ruler: float | None = None, judge_failed: bool | None = None) -> float:
     """Compute, log and sum the components of one trajectory; sets traj.reward."""
     m = traj.metrics
@@ -217,6 +251,14 @@ def _apply(traj: art.Trajectory, expected: Any, cfg: RewardConfig, sid: str, *,
             m[f"reward/{name}"] = values[name]
             total += weights[name] * values[name]
         m[f"reward/used_{name}"] = float(name in values and weights[name] > 0)
+    for name, fn, weight in cfg.custom:
+        value, error = _custom_value(fn, traj, scenario, name)
+        if error:
+            log.warning("scenario %s: %s (scored 0)", sid, error)
+            traj.log(error)
+        m[f"reward/{name}"], m[f"reward/used_{name}"] = value, float(weight > 0)
+        m[f"reward/{name}_error"] = float(error is not None)
+        total += weight * value
     if judge_failed is not None:
         m["reward/judge_failed"] = float(judge_failed)
     traj.reward = round(total, 6)
@@ -228,7 +270,7 @@ def score_trajectory(traj: art.Trajectory, scenario: Any, cfg: RewardConfig | No
     Sets and returns traj.reward; with no scenario answer only shaping counts
     (metrics["reward/used_verified"] is 0.0)."""
     cfg = cfg or RewardConfig()
-    return _apply(traj, getattr(scenario, "answer", None), cfg, str(getattr(scenario, "id", "?")))
+    return _apply(traj, getattr(scenario, "answer", None), cfg, str(getattr(scenario, "id", "?")), scenario=scenario)
 
 
 async def score_group(group: art.TrajectoryGroup, scenario: Any,
@@ -262,11 +304,12 @@ async def score_group(group: art.TrajectoryGroup, scenario: Any,
                 return None
             log.warning("scenario %s: judge failed (%s); scoring by the verified answer", sid, reason)
     rewardable = (expected is not None and cfg.verified_weight + (cfg.ruler_weight if judge_failed else 0) > 0
-                  ) or (scores is not None and cfg.ruler_weight > 0)
+                  ) or (scores is not None and cfg.ruler_weight > 0) or any(w > 0 for _, _, w in cfg.custom)
     if not rewardable:
-        log.warning("skipping group for scenario %s: no verified answer and no judge score to reward "
-                    "(set judge_model for unverifiable scenarios, or a verified_weight > 0)", sid)
+        log.warning("skipping group for scenario %s: no verified answer and no judge score or custom reward "
+                    "to reward (set judge_model or a custom reward for unverifiable scenarios)", sid)
         return None
     for i, traj in enumerate(group.trajectories):
-        _apply(traj, expected, cfg, sid, ruler=None if scores is None else scores[i], judge_failed=judge_failed)
+        _apply(traj, expected, cfg, sid, scenario=scenario, ruler=None if scores is None else scores[i],
+               judge_failed=judge_failed)
     return group

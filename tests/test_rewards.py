@@ -161,6 +161,60 @@ async def test_score_group_skips_unscorable_groups(group, scenario, cfg, reason,
     assert reason in caplog.text
 
 
+
+# ---------------------------------------------------------------- custom (user) rewards
+def says_42(traj, scenario):
+    return float("42" in (traj.metadata.get("answer") or ""))
+
+
+def explodes(traj, scenario):
+    raise KeyError("no such field")
+
+
+@pytest.mark.parametrize("custom,reward,value,error", [
+    ([("says_42", says_42, 0.5)], 1.1 + 0.5, 1.0, 0.0),                       # weighted and added
+    ([("says_42", says_42, 0)], 1.1, 1.0, 0.0),                               # weight 0: logged only
+    ([("says_42", explodes, 2.0)], 1.1, 0.0, 1.0),                            # raises: a logged 0
+    ([("says_42", lambda t, s: "high", 1.0)], 1.1, 0.0, 1.0),                 # not a number: a logged 0
+    ([("says_42", lambda t, s: float("nan"), 1.0)], 1.1, 0.0, 1.0),           # not finite: a logged 0
+])
+def test_custom_reward_is_combined_like_the_others(custom, reward, value, error):
+    t = make_traj("42")
+    assert score_trajectory(t, SCENARIO, RewardConfig(custom=custom)) == pytest.approx(reward)
+    assert (t.metrics["reward/says_42"], t.metrics["reward/says_42_error"]) == (value, error)
+    assert t.metrics["reward/used_says_42"] == float(custom[0][2] > 0)
+    assert any("custom reward 'says_42' failed" in line for line in t.logs) == bool(error)
+
+
+def test_custom_reward_gets_the_scenario():
+    seen = []
+    score_trajectory(make_traj("42"), SCENARIO, RewardConfig(custom=[("spy", lambda t, s: seen.append(s) or 0.0, 1)]))
+    assert seen == [SCENARIO]
+
+
+async def test_custom_reward_makes_unverifiable_group_scorable():
+    group = art.TrajectoryGroup([make_traj("42"), make_traj("7"), make_traj("x")])
+    cfg = RewardConfig(custom=[("says_42", says_42, 1.0), ("boom", explodes, 1.0)])
+    out = await score_group(group, UNVERIFIABLE, cfg)
+    assert out is group
+    assert [t.reward for t in out] == [pytest.approx(1.0), 0.0, 0.0]   # format 0 (completed); boom scores 0
+    assert all(t.metrics["reward/boom_error"] == 1.0 for t in out)
+
+
+@pytest.mark.parametrize("custom,match", [
+    (["says_42"], r"\(name, fn, weight\)"),
+    ([("verified", says_42, 1)], "identifier other than"),
+    ([("my reward", says_42, 1)], "identifier other than"),
+    ([("r", "not callable", 1)], "must be callable"),
+    ([("r", says_42, -1)], "weight must be"),
+    ([("r", says_42, True)], "weight must be"),
+    ([("r", says_42, 1), ("r", explodes, 1)], "unique"),
+])
+def test_custom_reward_config_rejects_bad_entries(custom, match):
+    with pytest.raises(ValueError, match=match):
+        RewardConfig(custom=custom)
+
+
 # ---------------------------------------------------------------- RULER
 def judge_json(*scores):
     return json.dumps({"scores": [{"trajectory_id": str(i), "explanation": f"e{i}", "score": s}
