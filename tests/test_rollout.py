@@ -191,3 +191,100 @@ async def test_company_server_demonstration_end_to_end(company_db):
     assert traj.metrics["completed"] and traj.metrics["tool_errors"] == 0, transcript(traj)
     assert traj.metadata["answer"] == str(s.answer)
     assert json.loads(traj.messages()[-2]["tool_calls"][0]["function"]["arguments"]) == {"answer": str(s.answer)}
+
+
+# ---------------------------------------------------------------- real policies, real transports
+
+TIME_SERVER = f"{sys.executable} -m mcp_server_time --local-timezone UTC"
+
+
+class FakeChatEndpoint:
+    """An OpenAI-compatible chat endpoint on 127.0.0.1: the network boundary, the one place
+    a test double belongs. It replies with the next canned message of `turns`."""
+
+    def __init__(self, turns):
+        import http.server
+        import threading
+
+        self.turns, self.requests = list(turns), []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                message = outer.turns[min(len(outer.requests) - 1, len(outer.turns) - 1)]
+                reply = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                    "choices": [{"index": 0, "message": message, "finish_reason": "stop",
+                                                 "logprobs": None}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+def openai_call(name, args, k=0):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+async def test_openai_policy_against_third_party_server_over_stdio():
+    from mcp_rl.policy import OpenAIPolicy
+
+    endpoint = FakeChatEndpoint([openai_call("get_current_time", {"timezone": "Asia/Tokyo"}),
+                                 openai_call(COMPLETE_TOOL_NAME, {"answer": "it is morning in Tokyo"}, 1)])
+    try:
+        policy = OpenAIPolicy("agent", base_url=endpoint.url, api_key="none")
+        traj = await rollout(policy, TIME_SERVER, Scenario(id="t", task="What time is it in Tokyo?"), RolloutConfig())
+    finally:
+        endpoint.close()
+    assert traj.metrics["completed"] and traj.metrics["tool_errors"] == 0, transcript(traj)
+    assert "Asia/Tokyo" in traj.messages()[3]["content"]  # the real server's answer came back
+    sent_tools = {t["function"]["name"] for t in endpoint.requests[0]["tools"]}
+    assert {"get_current_time", "convert_time", COMPLETE_TOOL_NAME} <= sent_tools
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_local_smollm2_rollouts_over_stdio_train_with_art(company_db):
+    """The embedded model against mcp_server.py over stdio; ART tokenizes the group with
+    assistant masks exactly on the sampled tokens and the sampled logprobs beside them."""
+    from art.preprocessing.tokenize import tokenize_trajectory_groups
+
+    from mcp_rl.local_policy import LocalPolicy, art_tokenizer, load_local_model
+
+    model, tok = load_local_model()
+    torch_seed(0)
+    policy = LocalPolicy(model, tok, tool_prefix=True)
+    scenario = Scenario(id="n", task="How many employees are there?", answer=150)
+    [group] = await gather_rollouts(policy, f"{sys.executable} mcp_server.py --db {company_db}", [scenario],
+                                    RolloutConfig(max_turns=2, max_tokens=48, temperature=1.0), group_size=2)
+    for traj in group.trajectories:
+        assert not traj.metrics["fatal"], traj.metadata["fatal_reason"]
+        assert traj.metrics["turns"] >= 1 and traj.metadata["policy_step"] == 0
+    group.trajectories[0].reward = 1.0  # any two rewards: ART skips zero-advantage trajectories
+    results = list(tokenize_trajectory_groups(art_tokenizer(tok), [group], False, False, False))
+    assert len(results) == 2
+    for traj, result in zip(group.trajectories, results):
+        choices = [c for c in traj.messages_and_choices if not isinstance(c, dict)]
+        want = [int(t.token.split(":")[1]) for c in choices for t in c.logprobs.content]
+        masked = [i for i, m in enumerate(result.assistant_mask) if m]
+        assert [result.token_ids[i] for i in masked] == want
+        assert [result.logprobs[i] for i in masked] == pytest.approx(
+            [t.logprob for c in choices for t in c.logprobs.content])
+
+
+def torch_seed(n):
+    import torch
+    torch.manual_seed(n)
