@@ -1,0 +1,207 @@
+"""Learning proof: does GRPO teach SmolLM2-135M-Instruct to use the company MCP server?
+
+One run of `mcp_rl.pipeline.run` (base eval -> warm start -> eval -> GRPO steps -> eval), with
+the real embedded weights, the portable trainer, the company server over streamable HTTP
+(`server: company`) and verifiable rewards only (no judge). The held-out set is the test split
+plus the validation split relabelled `test` (79 + 49 = 128 scenarios), written to
+`<out>.scenarios.jsonl` from `cfg.scenarios`: the pipeline evaluates its `test` split, and 79
+alone is too few to separate a 5-point gap. Training still draws only from the train split.
+
+    python bench/learning_proof.py --config bench/learning_proof.yaml --out runs/lp --deadline-s 540
+    python bench/learning_proof.py ... --set train.learning_rate=5.0e-5    # any config override
+    python bench/learning_proof.py ... --random-weights TOKENIZER_DIR        # dress rehearsal, no weights
+
+`--deadline-s` bounds the whole script (model load included): GRPO steps continue while one more
+step plus the final evaluation still fit (`train.steps` is then an upper bound). Besides the
+pipeline's report.md / eval_*.jsonl / metrics.jsonl / PNGs, it writes proof.json and proof.md:
+the gaps final-base and final-warm_start with their standard errors, both unpaired (two
+proportions) and paired (per-scenario differences on the same scenarios), against the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from mcp_rl import pipeline  # noqa: E402
+from mcp_rl.config import apply_overrides, load_config  # noqa: E402
+from mcp_rl.scenarios import load_scenarios, save_scenarios  # noqa: E402
+
+# SmolLM2-135M's shape (from its GGUF), for the random-weights dress rehearsal only.
+SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                     num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                     rms_norm_eps=1e-5, tie_word_embeddings=True)
+TINY_SHAPE = dict(SMOLLM2_SHAPE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)  # CPU tests of this script
+TARGETS = {"base": 0.10, "warm_start": 0.05}  # final must beat each by this much, and by > 2 s.e.
+
+
+def heldout_file(src: str, dst: Path) -> dict:
+    """Write `src` with val relabelled test (tagged 'heldout:val'); returns the split counts."""
+    out, counts = [], {}
+    for s in load_scenarios(src):
+        if s.split == "val":
+            s.split, s.tags = "test", [*s.tags, "heldout:val"]
+        counts[s.split] = counts.get(s.split, 0) + 1
+        out.append(s)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    save_scenarios(dst, out)
+    return counts
+
+
+def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: str | None, shape: str = "smollm2"):
+    """pipeline.build_trainer, with a LocalPolicy batch as wide as the rollout concurrency.
+
+    The library's LocalPolicy batches at most 8 requests per generate, after waiting 20 ms for
+    them, and the config has no field for either. On a GPU a whole step's rollouts fit one
+    batch, and a longer wait lets the rollouts that are still in a tool call join the next turn's
+    batch instead of forcing a second generate (a generate costs seconds, the wait does not)."""
+    import torch
+
+    from mcp_rl.local_policy import LocalPolicy, load_local_model, load_local_tokenizer
+    from mcp_rl.train import PortableTrainer
+
+    if random_weights:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        tok = load_local_tokenizer(random_weights)
+        tok.eos_token = "<|im_end|>"
+        config = LlamaConfig(vocab_size=len(tok), bos_token_id=1, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.eos_token_id, **(TINY_SHAPE if shape == "tiny" else SMOLLM2_SHAPE))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    else:
+        model, tok = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
+    t = cfg.train
+    policy = LocalPolicy(model, tok, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix, max_batch=max_batch,
+                         batch_wait_s=batch_wait_s)
+    return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, bf16=t.bf16)
+
+
+def install_deadline(cfg, start: float, deadline_s: float, timings: dict) -> None:
+    """Time evaluations and steps; stop stepping when a step plus the final eval would not fit.
+
+    Works through the pipeline's public module functions (train_loop calls `pipeline.train_step`
+    and re-reads `cfg.train.steps` before every step); the library has no time-budget option."""
+    evaluate_policy, train_step = pipeline.evaluate_policy, pipeline.train_step
+
+    async def timed_eval(*args, **kwargs):
+        t0 = time.monotonic()
+        result = await evaluate_policy(*args, **kwargs)
+        timings.setdefault("eval_s", {})[kwargs.get("label", args[4] if len(args) > 4 else "?")] = time.monotonic() - t0
+        return result
+
+    async def budgeted_step(trainer, server, batch, cfg_, step):
+        rec = await train_step(trainer, server, batch, cfg_, step)
+        timings.setdefault("step_s", []).append(rec["seconds"])
+        evals = timings.get("eval_s", {}).values()
+        final_eval = 1.5 * max(evals, default=60.0) + 20.0  # RL rollouts can get longer; plus the report
+        left = deadline_s - (time.monotonic() - start)
+        if left < max(timings["step_s"]) * 1.1 + final_eval and cfg_.train.steps > step + 1:
+            print(f"deadline: {left:.0f} s left, a step takes up to {max(timings['step_s']):.0f} s and the "
+                  f"final eval ~{final_eval:.0f} s: stopping after step {step + 1}", flush=True)
+            cfg_.train.steps = step + 1
+        return rec
+
+    pipeline.evaluate_policy, pipeline.train_step = timed_eval, budgeted_step
+
+
+def compare(final: list[dict], other: list[dict], min_gap: float) -> dict:
+    """Gap in verified success@1 on the same scenarios, with unpaired and paired standard errors."""
+    ok = lambda rows: {r["scenario_id"]: float(r["verified"] >= 0.999) for r in rows}  # noqa: E731
+    a, b = ok(final), ok(other)
+    ids = sorted(set(a) & set(b))
+    n = len(ids)
+    pa, pb = sum(a[i] for i in ids) / n, sum(b[i] for i in ids) / n
+    se_unpaired = math.sqrt(pa * (1 - pa) / n + pb * (1 - pb) / n)
+    d = [a[i] - b[i] for i in ids]
+    mean = sum(d) / n
+    se_paired = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
+    gap = pa - pb
+    return {"n": n, "final": pa, "other": pb, "gap": gap, "se_unpaired": se_unpaired, "se_paired": se_paired,
+            "wins": sum(x > 0 for x in d), "losses": sum(x < 0 for x in d), "target_gap": min_gap,
+            "meets_gap": gap >= min_gap - 1e-9,
+            "meets_2se_unpaired": gap > 2 * se_unpaired, "meets_2se_paired": gap > 2 * se_paired}
+
+
+def proof_tables(run_dir: Path, timings: dict, history: list[dict]) -> dict:
+    rows = {label: [json.loads(x) for x in (run_dir / f"eval_{label}.jsonl").read_text().splitlines() if x.strip()]
+            for label in ("base", "warm_start", "trained") if (run_dir / f"eval_{label}.jsonl").exists()}
+    steps = [h for h in history if "reward_mean" in h]
+    proof = {"timings": timings, "steps": len(steps),
+             "train_seconds": sum(h.get("seconds", 0) for h in steps),
+             "comparisons": {k: compare(rows["trained"], rows[k], gap) for k, gap in TARGETS.items() if k in rows}}
+    lines = ["| final vs | n | final | other | gap | s.e. unpaired | s.e. paired | wins/losses | target | met |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for k, c in proof["comparisons"].items():
+        met = c["meets_gap"] and c["meets_2se_unpaired"]
+        lines.append(f"| {k} | {c['n']} | {c['final']:.1%} | {c['other']:.1%} | {c['gap'] * 100:+.1f} pts | "
+                     f"{c['se_unpaired'] * 100:.1f} | {c['se_paired'] * 100:.1f} | {c['wins']}/{c['losses']} | "
+                     f">= {c['target_gap'] * 100:.0f} pts, > 2 s.e. | "
+                     f"{'yes' if met else ('paired s.e. only' if c['meets_gap'] and c['meets_2se_paired'] else 'no')} |")
+    lines += ["", f"GRPO steps: {proof['steps']}, training time {proof['train_seconds']:.0f} s "
+              f"(rollouts + updates); evaluations: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.get("eval_s", {}).items())]
+    proof["table"] = "\n".join(lines)
+    (run_dir / "proof.json").write_text(json.dumps(proof, indent=2, default=str))
+    (run_dir / "proof.md").write_text(proof["table"] + "\n")
+    return proof
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "bench" / "learning_proof.yaml"))
+    ap.add_argument("--out", default=None, help="run folder (default: the config's out)")
+    ap.add_argument("--deadline-s", type=float, default=540.0, help="wall-clock budget of the whole script")
+    ap.add_argument("--max-batch", type=int, default=None, help="LocalPolicy batch (default: rollout concurrency)")
+    ap.add_argument("--batch-wait-s", type=float, default=0.3, help="LocalPolicy: wait this long to fill a batch")
+    ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None,
+                    help="SmolLM2-shaped random weights with this tokenizer: tests the machinery, proves nothing")
+    ap.add_argument("--random-shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    cfg = load_config(args.config)
+    cfg = apply_overrides(cfg, [*args.set, *([f"out={args.out}"] if args.out else [])])
+    run_dir = Path(cfg.out)
+    derived = run_dir.with_name(run_dir.name + ".scenarios.jsonl")
+    counts = heldout_file(cfg.scenarios, derived)
+    cfg = apply_overrides(cfg, [f"scenarios={derived}"])
+    print(f"held-out file {derived}: {counts} (val relabelled test)", flush=True)
+
+    import torch
+
+    random.seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)
+    trainer = build_trainer(cfg, max_batch=args.max_batch or cfg.rollout.concurrency,
+                            batch_wait_s=args.batch_wait_s, random_weights=args.random_weights,
+                            shape=args.random_shape)
+    timings: dict = {"load_s": time.monotonic() - start}
+    install_deadline(cfg, start, args.deadline_s, timings)
+    result = asyncio.run(pipeline.run(cfg, trainer=trainer))
+    timings["total_s"] = time.monotonic() - start
+    if torch.cuda.is_available():
+        timings["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    timings["generate_calls"] = trainer.policy.generate_calls
+    history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    proof = proof_tables(run_dir, timings, history)
+    for r in (result.get("base"), result.get("warm_start"), result.get("trained")):
+        if r is not None:
+            print(r.line())
+    print(proof["table"], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
