@@ -69,9 +69,11 @@ def build_trainer(cfg: Config):
     from .train import PortableTrainer
 
     model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
-    policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix)
+    policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix,
+                         max_batch=cfg.policy_batch)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
-                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, bf16=t.bf16)
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, bf16=t.bf16,
+                           gradient_checkpointing=t.gradient_checkpointing)
 
 
 def _log(msg: str) -> None:
