@@ -33,6 +33,12 @@ __all__ = sorted(_WHERE)
 __version__ = "0.1.0"
 
 
+# `rollout` and `evaluate` are both a function and the module that defines it: importing the
+# module would set the package attribute to the module, so bind the functions up front.
+from .evaluate import evaluate  # noqa: E402
+from .rollout import rollout  # noqa: E402
+
+
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'mcp_rl' has no attribute {name!r}")
