@@ -85,6 +85,8 @@ class RewardConfig:
     rel_tol: float = _f(1e-2, "relative tolerance for numeric answers")
     abs_tol: float = _f(1e-4, "absolute tolerance for numeric answers near zero")
     exact_integers: bool = _f(True, "answers written as plain integers must equal integer ground truth exactly")
+    require_complete_task: bool = _f(True, "verify only answers given through complete_task (a prose reply scores 0: "
+                                            "otherwise the last number of a guess can match a small answer)")
     success_threshold: float = _f(1.0, "verified score that counts as correct (gates the efficiency bonus)")
     efficiency_free_calls: int = _f(2, "tool calls that cost nothing (a lookup plus complete_task)")
     efficiency_max_calls: int = _f(10, "tool calls at which the efficiency bonus reaches 0")
@@ -228,8 +230,11 @@ def _apply(traj: art.Trajectory, expected: Any, cfg: RewardConfig, sid: str, *, 
     values: dict[str, float] = {}
     weights = {name: float(getattr(cfg, f"{name}_weight")) for name in COMPONENTS}
     if expected is not None:
+        answer = traj.metadata.get("answer")
+        if cfg.require_complete_task and not m.get("completed"):
+            answer = None
         try:
-            values["verified"] = verify_answer(traj.metadata.get("answer"), expected, rel_tol=cfg.rel_tol,
+            values["verified"] = verify_answer(answer, expected, rel_tol=cfg.rel_tol,
                                                abs_tol=cfg.abs_tol, exact_integers=cfg.exact_integers)
         except (TypeError, ValueError) as e:
             log.warning("scenario %s: cannot verify its answer (%s); verified reward left out", sid, e)

@@ -409,3 +409,15 @@ def test_wrong_count_is_caught_under_python_O():
                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[1.0, 1.0]"
+
+
+@pytest.mark.parametrize("completed, require, expected_verified", [
+    (True, True, 1.0), (False, True, 0.0), (False, False, 1.0)])
+def test_prose_answers_are_not_verified_unless_allowed(completed, require, expected_verified):
+    """A plain-text reply ending '... 1' must not match an expected 1 by accident."""
+    traj = art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=0.0,
+                          metrics={"completed": completed, "turns": 1, "tool_calls": 1, "tool_errors": 0,
+                                   "malformed_calls": 0, "ran_out_of_turns": False, "fatal": False},
+                          metadata={"answer": "I think it is 1"})
+    score_trajectory(traj, SimpleNamespace(id="s", answer=1), RewardConfig(require_complete_task=require))
+    assert traj.metrics["reward/verified"] == expected_verified
