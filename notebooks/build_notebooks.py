@@ -268,10 +268,9 @@ TUTORIAL = [
         call) come back to the model as messages it can learn from.
     '''),
     code('''
-        from mcp_rl import gather_rollouts, score_trajectory, transcript
+        from mcp_rl import rollout, score_trajectory, transcript
 
-        # One group of one rollout (`mcp_rl.rollout` is also a submodule's name, so the notebooks use this).
-        traj = (await gather_rollouts(trainer.policy, server.spec, test[:1], cfg.rollout))[0].trajectories[0]
+        traj = await rollout(trainer.policy, server.spec, test[0], cfg.rollout)
         score_trajectory(traj, test[0], cfg.reward)
         print(transcript(traj))
         print("expected:", test[0].answer)
@@ -493,13 +492,13 @@ BYOS = [
     code('''
         from pathlib import Path
 
-        from mcp_rl import build_trainer, gather_rollouts, score_trajectory, transcript
+        from mcp_rl import build_trainer, rollout, score_trajectory, transcript
 
         trainer = build_trainer(cfg)
         if hasattr(trainer, "register"):  # ART on Colab: starts vLLM + Unsloth
             await trainer.register()
         run_dir, SERVER_NAME = Path(cfg.out), SERVER
-        traj = (await gather_rollouts(trainer.policy, spec, test[:1], cfg.rollout))[0].trajectories[0]
+        traj = await rollout(trainer.policy, spec, test[0], cfg.rollout)
         score_trajectory(traj, test[0], cfg.reward)
         print(transcript(traj))
         print("your reward:", traj.metrics["reward/time_from_tool"], "| expected:", test[0].answer)
