@@ -49,6 +49,7 @@ class TrainConfig:
     bf16: bool | str = _f("auto", "bf16 autocast for training: 'auto' (CUDA with bf16), true (also on CPU: ~2x faster there), false")
     eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only before and after)")
     eval_scenarios: int = _f(32, "held-out (test split) scenarios evaluated before and after training")
+    eval_warm_start: bool = _f(True, "also evaluate the warm-start-only policy (RL vs supervised on the same scenarios)")
     eval_temperature: float = _f(0.0, "sampling temperature for evaluation (0 = greedy)")
     seed: int = _f(0, "seed for scenario order and sampling")
 
@@ -105,7 +106,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rollout": {"max_turns": 6, "max_tokens": 96, "temperature": 1.0, "concurrency": 16},
         "train": {"steps": 2, "groups_per_step": 2, "group_size": 4, "learning_rate": 1e-4,
                   "warm_start_scenarios": 32, "warm_start_epochs": 1, "warm_start_lr": 5e-4,
-                  "eval_scenarios": 16, "max_seq_len": 2048, "micro_batch_size": 2, "bf16": True},
+                  "eval_scenarios": 12, "eval_warm_start": False, "max_seq_len": 2048,
+                  "micro_batch_size": 2, "bf16": True},
     },
     # Colab free T4: Qwen2.5-3B-Instruct in 4 bits through ART + vLLM 0.9.2 (float16: T4 has no bf16).
     "t4": {

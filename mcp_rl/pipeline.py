@@ -223,7 +223,9 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
         if state["phase"] == "base_done":
             if cfg.train.warm_start_scenarios:
                 state["history"].append({"step": 0, "phase": "warm_start", **await warm_start(trainer, server, train, cfg)})
-                results["warm_start"] = await evaluate_policy(trainer.policy, server, test, cfg, "warm_start", run_dir)
+                if cfg.train.eval_warm_start:
+                    results["warm_start"] = await evaluate_policy(trainer.policy, server, test, cfg, "warm_start",
+                                                                  run_dir)
             state["phase"] = "training"
             _checkpoint(trainer, run_dir, state)
         elif (run_dir / "eval_warm_start.jsonl").exists():
