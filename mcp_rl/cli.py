@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         return a.fn(a)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # bad input, missing server or extra
+        if os.environ.get("MCP_RL_DEBUG"):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
 
