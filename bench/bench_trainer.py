@@ -36,9 +36,10 @@ from mcp_rl.local_policy import LocalPolicy, art_tokenizer, load_local_model, lo
 from mcp_rl.policy import choice_from_text  # noqa: E402
 from mcp_rl.train import PortableTrainer  # noqa: E402
 
-QWEN3B = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-              num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
-              rope_theta=1000000.0, rms_norm_eps=1e-6)
+# The Qwen2.5-3B shape is defined once, in the generation bench beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generation import QWEN3B  # noqa: E402
+
 TINY = dict(QWEN3B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
 
