@@ -331,45 +331,65 @@ class LocalPolicy:
                         r.future.set_result(choice)
 
     def _generate(self, reqs: list[_Request]) -> list[Any]:
+        # A hand-written decode loop instead of `model.generate`: on a GPU a small model's
+        # decode step is all launch overhead (~40-110 ms a step through generate, for 135M and
+        # 3B alike, bench/RESULTS.md), which only a CUDA graph removes, and generate cannot
+        # replay one without torch.compile (minutes of compiling, per batch shape).
         import torch
 
         device = self.model.device
-        width = max(len(r.prompt_ids) for r in reqs)
-        pad = self.stop_ids[0]  # padding with end-of-turn: everything after the first one is cut
-        ids = torch.full((len(reqs), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
+        n, width = len(reqs), max(len(r.prompt_ids) for r in reqs)
+        max_new, pad = max(r.max_new for r in reqs), self.stop_ids[0]  # pad with end-of-turn: cut anyway
+        n_forced, temperature = reqs[0].n_forced, reqs[0].temperature
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        keep = torch.zeros((n, width), dtype=torch.bool)
         for i, r in enumerate(reqs):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        n_forced, temperature = reqs[0].n_forced, reqs[0].temperature
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
-            else dict(do_sample=False)
+            keep[i, width - len(r.prompt_ids):] = True
+        ids, keep = ids.to(device), keep.to(device)
         with torch.inference_mode():
-            extra: dict[str, Any] = {}
-            forced_lp = None
-            if n_forced:
-                # Prefill all but the last prompt token ourselves: its logits give the forced
-                # tokens' logprobs, and generate reuses its cache instead of prefilling again.
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
-                out = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
-                                 position_ids=positions[:, :-1], use_cache=True, logits_to_keep=n_forced)
-                forced_lp = torch.log_softmax(out.logits.float(), -1).gather(
-                    -1, ids[:, -n_forced:, None]).squeeze(-1)
-                extra[_cache_kwarg(self.model)] = getattr(out, "cache", None) or out.past_key_values
-            gen = self.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max(r.max_new for r in reqs),
-                eos_token_id=self.stop_ids, pad_token_id=pad, stop_strings=[_STOP_STRING],
-                tokenizer=self.tokenizer, output_logits=True, return_dict_in_generate=True,
-                repetition_penalty=1.0, **sampling, **extra)
-            new = gen.sequences[:, width:]
-            new_lp = torch.stack([torch.log_softmax(step.float(), -1).gather(-1, new[:, t, None]).squeeze(-1)
-                                  for t, step in enumerate(gen.logits)], dim=1)
+            decoder = _Decoder(self.model, ids, keep, width + max_new)
+            logits, forced_lp = decoder.prefill(n_forced)
+            tokens = torch.full((n, max_new), pad, dtype=torch.long, device=device)
+            lps = torch.zeros((n, max_new), dtype=torch.float32, device=device)
+            done = torch.zeros(n, dtype=torch.bool, device=device)
+            stops, checked = torch.tensor(self.stop_ids, device=device), 0
+            for t in range(max_new):
+                lp = torch.log_softmax(logits.float(), -1)  # logprobs at temperature 1 (DESIGN.md)
+                if temperature > 0:
+                    tok = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1)[:, 0]
+                else:
+                    tok = lp.argmax(-1)
+                tok = torch.where(done, pad, tok)
+                tokens[:, t], lps[:, t] = tok, lp.gather(-1, tok[:, None])[:, 0]
+                done |= torch.isin(tok, stops)
+                if (t + 1) % 8 == 0 or t + 1 == max_new:  # host syncs every 8 steps, not every step
+                    checked = self._stop_at_string(tokens, done, checked, t + 1)
+                    if bool(done.all()):
+                        break
+                if t + 1 < max_new:
+                    logits = decoder.step(tok, width + t)
+            new, new_lp = tokens.tolist(), lps.tolist()
+            forced = forced_lp.tolist() if forced_lp is not None else [[] for _ in reqs]
         self.generate_calls += 1
-        self.last_batch_size = len(reqs)
-        return [self._choice(r, new[i].tolist(), new_lp[i].tolist(),
-                             forced_lp[i].tolist() if forced_lp is not None else [])
-                for i, r in enumerate(reqs)]
+        self.last_batch_size = n
+        return [self._choice(r, new[i], new_lp[i], forced[i]) for i, r in enumerate(reqs)]
+
+    def _stop_at_string(self, tokens: Any, done: Any, checked: int, upto: int) -> int:
+        """Finish the rows whose text gained `</tool_call>` since token `checked`; returns `upto`.
+
+        Tokens sampled after the one that completes it become padding (end-of-turn).
+        """
+        rows = (~done).nonzero()[:, 0].tolist()
+        if rows:
+            start = max(0, checked - 16)  # overlap: the stop string may straddle the last check
+            window = tokens[rows, start:upto].tolist()
+            for row, toks in zip(rows, window):
+                end = stop_string_end(self.tokenizer, toks, _STOP_STRING)
+                if end is not None:
+                    tokens[row, start + end:] = self.stop_ids[0]
+                    done[row] = True
+        return upto
 
     def _choice(self, r: _Request, tokens: list[int], lps: list[float], forced_lp: list[float]) -> Any:
         stop = next((t for t, tok in enumerate(tokens) if tok in self.stop_ids), None)
@@ -379,3 +399,102 @@ class LocalPolicy:
         finished = (stop is not None and stop < r.max_new) or text.rstrip().endswith(_STOP_STRING)
         return choice_from_text(text, tokenizer=self.tokenizer, token_ids=tokens, logprobs=lps,
                                 finish_reason="stop" if finished else "length")
+
+
+def stop_string_end(tokenizer: Any, tokens: list[int], stop: str) -> int | None:
+    """How many of `tokens` it takes for their text to contain `stop`, or None.
+
+    >>> class T:
+    ...     def decode(self, ids, skip_special_tokens=False): return "".join(chr(i) for i in ids)
+    >>> stop_string_end(T(), [ord(c) for c in "ab</x>cd"], "</x>"), stop_string_end(T(), [97], "</x>")
+    (6, None)
+    """
+    if stop not in tokenizer.decode(tokens, skip_special_tokens=False):
+        return None
+    return next(end for end in range(1, len(tokens) + 1)
+                if stop in tokenizer.decode(tokens[:end], skip_special_tokens=False))
+
+
+class _Decoder:
+    """One batch's KV cache and its one-token forward, replayed as a CUDA graph on a GPU.
+
+    The cache is transformers' StaticCache (fixed shape, updated in place); the attention mask
+    is a 4-D additive mask over the whole cache, which transformers uses as given, so a decode
+    step has fixed shapes and no host sync: what graph capture needs. The graph is captured
+    per batch (two eager forwards), so it always reads the adapter weights in place: the
+    trainer's in-place updates are what the next batch samples from. Where capture fails
+    (a quantized layer that syncs, say) the step runs eagerly, slower but the same.
+    """
+
+    def __init__(self, model: Any, ids: Any, keep: Any, length: int):
+        import torch
+        from transformers import StaticCache
+
+        self.model, self.ids, self.keep = model, ids, keep
+        self.cache_kw = _cache_kwarg(model)
+        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        dtype = model.get_input_embeddings().weight.dtype
+        n, width = ids.shape
+        self.neg = torch.finfo(dtype).min
+        self.positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
+        self.mask = torch.full((n, 1, 1, length), self.neg, dtype=dtype, device=ids.device)
+        self.mask[:, 0, 0, :width].masked_fill_(keep, 0.0)
+        self.graph, self.out = None, None
+
+    def _forward(self, ids: Any, mask: Any, positions: Any, keep_logits: int) -> Any:
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          logits_to_keep=keep_logits, **{self.cache_kw: self.cache}).logits
+
+    def prefill(self, n_forced: int) -> tuple[Any, Any]:
+        """Logits for the first new token, and the forced prefix's logprobs (or None)."""
+        import torch
+
+        n, width = self.ids.shape
+        causal = torch.ones((width, width), dtype=torch.bool, device=self.ids.device).tril()
+        # A padding row attends to itself: a row with nothing to attend to would give NaN keys.
+        allowed = (causal & self.keep[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.ids.device)
+        mask = self.mask.new_full((n, 1, width, self.mask.shape[-1]), self.neg)
+        mask[:, 0, :, :width].masked_fill_(allowed, 0.0)
+        logits = self._forward(self.ids, mask, self.positions, n_forced + 1)
+        forced = None
+        if n_forced:
+            forced = torch.log_softmax(logits[:, :-1].float(), -1).gather(
+                -1, self.ids[:, -n_forced:, None]).squeeze(-1)
+        self.step_ids = self.ids[:, -1:].clone()
+        self.step_pos = self.positions[:, -1:].clone()
+        if self.ids.device.type == "cuda":
+            self._capture()
+        return logits[:, -1], forced
+
+    def _capture(self) -> None:
+        import torch
+
+        lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
+                self._forward(self.step_ids, self.mask, self.step_pos, 1)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.out = self._forward(self.step_ids, self.mask, self.step_pos, 1)
+            self.graph = graph
+        except Exception as e:  # noqa: BLE001 - any capture failure: decode eagerly instead
+            import logging
+
+            logging.getLogger(__name__).warning("CUDA graph capture failed (%s: %s); decoding eagerly",
+                                                type(e).__name__, e)
+            self.graph = None
+        for layer, n in zip(self.cache.layers, lengths):  # the warm-up wrote one throwaway column
+            layer.cumulative_length.copy_(n)
+
+    def step(self, tokens: Any, column: int) -> Any:
+        """Feed one token per row (it lands in cache `column`); logits for the next."""
+        self.step_ids.copy_(tokens[:, None])
+        self.step_pos.add_(1)
+        self.mask[:, :, :, column] = 0.0
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out[:, -1]
+        return self._forward(self.step_ids, self.mask, self.step_pos, 1)[:, -1]
