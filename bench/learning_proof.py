@@ -12,7 +12,15 @@ alone is too few to separate a 5-point gap. Training still draws only from the t
     python bench/learning_proof.py ... --random-weights TOKENIZER_DIR        # dress rehearsal, no weights
 
 `--deadline-s` bounds the whole script (model load included): GRPO steps continue while one more
-step plus the final evaluation still fit (`train.steps` is then an upper bound). Besides the
+step plus the final evaluation still fit (`train.steps` is then an upper bound); `--train-budget-s`
+caps the GRPO steps' total time (rollouts + updates) over the whole run. A device call lasts at
+most 10 minutes, so one run can span two: `--pause` stops after the last step that fits, before
+the final evaluation, and a second call with `--resume` continues from the step checkpoint
+(LoRA weights and optimizer state) in the same run folder:
+
+    python bench/learning_proof.py --out /tmp/lp --deadline-s 560 --pause
+    python bench/learning_proof.py --out /tmp/lp --deadline-s 560 --resume
+ Besides the
 pipeline's report.md / eval_*.jsonl / metrics.jsonl / PNGs, it writes proof.json and proof.md:
 the gaps final-base and final-warm_start with their standard errors, both unpaired (two
 proportions) and paired (per-scenario differences on the same scenarios), against the targets.
@@ -90,17 +98,27 @@ def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: s
                            loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, bf16=t.bf16)
 
 
-def install_deadline(cfg, start: float, deadline_s: float, timings: dict) -> None:
+class Paused(Exception):
+    """Raised instead of the final evaluation when `--pause` ends this call's share of the run."""
+
+
+def install_deadline(cfg, start: float, deadline_s: float, timings: dict, *, pause: bool = False,
+                     train_budget_s: float = float("inf"), trained_s: float = 0.0) -> None:
     """Time evaluations and steps; stop stepping when a step plus the final eval would not fit.
 
     Works through the pipeline's public module functions (train_loop calls `pipeline.train_step`
-    and re-reads `cfg.train.steps` before every step); the library has no time-budget option."""
+    and re-reads `cfg.train.steps` before every step); the library has no time-budget option.
+    `trained_s`: GRPO seconds already spent by earlier calls of this run (their metrics.jsonl)."""
     evaluate_policy, train_step = pipeline.evaluate_policy, pipeline.train_step
+    paused = {"at": None}
 
     async def timed_eval(*args, **kwargs):
+        label = kwargs.get("label", args[4] if len(args) > 4 else "?")
+        if label == "trained" and paused["at"] is not None:
+            raise Paused(f"paused after step {paused['at']}: resume with --resume")
         t0 = time.monotonic()
         result = await evaluate_policy(*args, **kwargs)
-        timings.setdefault("eval_s", {})[kwargs.get("label", args[4] if len(args) > 4 else "?")] = time.monotonic() - t0
+        timings.setdefault("eval_s", {})[label] = time.monotonic() - t0
         return result
 
     async def budgeted_step(trainer, server, batch, cfg_, step):
@@ -109,10 +127,17 @@ def install_deadline(cfg, start: float, deadline_s: float, timings: dict) -> Non
         evals = timings.get("eval_s", {}).values()
         final_eval = 1.5 * max(evals, default=60.0) + 20.0  # RL rollouts can get longer; plus the report
         left = deadline_s - (time.monotonic() - start)
-        if left < max(timings["step_s"]) * 1.1 + final_eval and cfg_.train.steps > step + 1:
-            print(f"deadline: {left:.0f} s left, a step takes up to {max(timings['step_s']):.0f} s and the "
+        longest = max(timings["step_s"]) * 1.1
+        spent = trained_s + sum(timings["step_s"])
+        if spent + longest > train_budget_s and cfg_.train.steps > step + 1:
+            print(f"training budget: {spent:.0f} of {train_budget_s:.0f} s spent: stopping after step {step + 1}",
+                  flush=True)
+            cfg_.train.steps = step + 1
+        elif left < longest + (0 if pause else final_eval) and cfg_.train.steps > step + 1:
+            print(f"deadline: {left:.0f} s left, a step takes up to {longest:.0f} s and the "
                   f"final eval ~{final_eval:.0f} s: stopping after step {step + 1}", flush=True)
             cfg_.train.steps = step + 1
+            paused["at"] = step + 1 if pause else None
         return rec
 
     pipeline.evaluate_policy, pipeline.train_step = timed_eval, budgeted_step
@@ -169,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None,
                     help="SmolLM2-shaped random weights with this tokenizer: tests the machinery, proves nothing")
     ap.add_argument("--random-shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
+    ap.add_argument("--train-budget-s", type=float, default=900.0, help="cap on all GRPO steps' seconds")
+    ap.add_argument("--pause", action="store_true", help="at the deadline, stop before the final eval (resumable)")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     args = ap.parse_args(argv)
     start = time.monotonic()
@@ -188,12 +216,27 @@ def main(argv: list[str] | None = None) -> int:
                             batch_wait_s=args.batch_wait_s, random_weights=args.random_weights,
                             shape=args.random_shape)
     timings: dict = {"load_s": time.monotonic() - start}
-    install_deadline(cfg, start, args.deadline_s, timings)
-    result = asyncio.run(pipeline.run(cfg, trainer=trainer))
+    metrics = run_dir / "metrics.jsonl"
+    before = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] \
+        if args.resume and metrics.exists() else []
+    install_deadline(cfg, start, args.deadline_s, timings, pause=args.pause, train_budget_s=args.train_budget_s,
+                     trained_s=sum(h.get("seconds", 0) for h in before if "reward_mean" in h))
+    calls = sorted(run_dir.glob("timings-call*.json")) if args.resume else []
+    try:
+        result = asyncio.run(pipeline.run(cfg, resume=args.resume, trainer=trainer))
+    except Paused as e:
+        result = None
+        print(e, flush=True)
     timings["total_s"] = time.monotonic() - start
     if torch.cuda.is_available():
         timings["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
     timings["generate_calls"] = trainer.policy.generate_calls
+    (run_dir / f"timings-call{len(calls) + 1}.json").write_text(json.dumps(timings, indent=2))
+    if result is None:
+        return 0
+    if calls:  # one run over several calls: keep each call's timings, and every evaluation's
+        parts = [json.loads(c.read_text()) for c in calls] + [timings]
+        timings = {"calls": parts, "eval_s": {k: v for t in parts for k, v in t.get("eval_s", {}).items()}}
     history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     proof = proof_tables(run_dir, timings, history)
     for r in (result.get("base"), result.get("warm_start"), result.get("trained")):

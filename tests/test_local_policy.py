@@ -18,6 +18,7 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 
 from mcp_rl.local_policy import (
     HERMES_TEMPLATE, LocalPolicy, art_tokenizer, install_tool_template, load_local_model, load_local_tokenizer,
+    stop_string_end,
 )
 from mcp_rl.policy import ContextOverflow, ScriptedPolicy, find_tool_calls
 
@@ -181,6 +182,21 @@ async def test_sampling_gives_finite_logprobs_and_step_names(tok, tiny):
     assert all(math.isfinite(t.logprob) and t.logprob <= 0 for t in choice.logprobs.content)
     policy.step = 2
     assert policy.served_name == "tiny@2"
+
+
+def test_rows_stop_after_the_token_that_closes_the_tool_call(tok, tiny):
+    policy = LocalPolicy(tiny, tok)
+    pad = policy.stop_ids[0]
+    call = tok.encode(RAW_CALL + " and more text after it", add_special_tokens=False)
+    other = tok.encode("no call here, just words and words", add_special_tokens=False)
+    width = max(len(call), len(other))
+    tokens = torch.tensor([call + [pad] * (width - len(call)), other + [pad] * (width - len(other))])
+    done = torch.tensor([False, False])
+    assert policy._stop_at_string(tokens, done, 0, width) == width
+    end = stop_string_end(tok, call, "</tool_call>")
+    assert tok.decode(call[:end]) == RAW_CALL and done.tolist() == [True, False]
+    assert tokens[0, end:].eq(pad).all() and tokens[0, :end].tolist() == call[:end]
+    assert tokens[1].tolist() == other + [pad] * (width - len(other))
 
 
 async def test_too_long_prompt_is_context_overflow(tok, tiny):
