@@ -9,8 +9,8 @@
 policy samples from the model object in place, so a trainer that updates its
 (LoRA) weights makes the next `complete` use them (DESIGN.md, "Choices").
 Concurrent `complete` calls (a GRPO group, parallel rollouts) are batched into
-one left-padded `model.generate`, run in a worker thread so the event loop keeps
-serving MCP calls.
+one left-padded decode (a StaticCache, replayed as a CUDA graph on a GPU), run in
+a worker thread so the event loop keeps serving MCP calls.
 """
 
 from __future__ import annotations
@@ -246,6 +246,9 @@ class LocalPolicy:
     (one tool call per turn). A prompt that does not fit `max_context` (default:
     the model's `max_position_embeddings`) raises `ContextOverflow`.
 
+    On a GPU each batch's decode step is captured once and replayed as a CUDA graph
+    (`cuda_graph=False` decodes eagerly: same tokens, a few times slower, bench/RESULTS.md).
+
     `tool_prefix=True` forces every assistant turn to start with
     `<tool_call>\\n{"name": "`: an aid for tiny models that never emit the
     envelope on their own. The policy can then only call tools (never answer in
@@ -254,12 +257,14 @@ class LocalPolicy:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_batch: int = 8,
-                 batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None):
+                 batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
+                 cuda_graph: bool = True):
         self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.cuda_graph = cuda_graph
         self.max_batch, self.batch_wait_s, self.tool_prefix = max_batch, batch_wait_s, tool_prefix
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
         self.step = 0
-        self.generate_calls = 0  # how many model.generate calls served requests (tests, benchmarks)
+        self.generate_calls = 0  # how many batched decodes served requests (tests, benchmarks)
         self.last_batch_size = 0
         self._prefix_ids = tokenizer.encode(_TOOL_PREFIX, add_special_tokens=False)
         self.stop_ids = self._stop_ids()
@@ -348,7 +353,8 @@ class LocalPolicy:
             keep[i, width - len(r.prompt_ids):] = True
         ids, keep = ids.to(device), keep.to(device)
         with torch.inference_mode():
-            decoder = _Decoder(self.model, ids, keep, width + max_new)
+            decoder = _Decoder(self.model, ids, keep, width + max_new,
+                               cuda_graph=self.cuda_graph and device.type == "cuda")
             logits, forced_lp = decoder.prefill(n_forced)
             tokens = torch.full((n, max_new), pad, dtype=torch.long, device=device)
             lps = torch.zeros((n, max_new), dtype=torch.float32, device=device)
@@ -426,11 +432,11 @@ class _Decoder:
     (a quantized layer that syncs, say) the step runs eagerly, slower but the same.
     """
 
-    def __init__(self, model: Any, ids: Any, keep: Any, length: int):
+    def __init__(self, model: Any, ids: Any, keep: Any, length: int, *, cuda_graph: bool):
         import torch
         from transformers import StaticCache
 
-        self.model, self.ids, self.keep = model, ids, keep
+        self.model, self.ids, self.keep, self.cuda_graph = model, ids, keep, cuda_graph
         self.cache_kw = _cache_kwarg(model)
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         dtype = model.get_input_embeddings().weight.dtype
@@ -462,7 +468,7 @@ class _Decoder:
                 -1, self.ids[:, -n_forced:, None]).squeeze(-1)
         self.step_ids = self.ids[:, -1:].clone()
         self.step_pos = self.positions[:, -1:].clone()
-        if self.ids.device.type == "cuda":
+        if self.cuda_graph:
             self._capture()
         return logits[:, -1], forced
 
