@@ -1,7 +1,7 @@
 """Benchmark: LocalPolicy generation throughput, batched concurrent requests vs one at a time.
 
 For each model, `c` concurrent `LocalPolicy.complete` calls (c = 1, 4, 16, 64; the policy's
-max_batch is 64, so they share one `model.generate`) against the same requests sent one at a
+max_batch is 64, so they share one batched decode) against the same requests sent one at a
 time. Requests are real rollout prompts: the rollout system prompt, the `complete_task` tool
 schema and a task from data/scenarios.jsonl (a different task per request), sampled at
 temperature 1.0 as in GRPO rollouts. Throughput counts the tokens each Choice carries (what a
