@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator
 
 import art
 import torch
+import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from art.preprocessing.tokenize import tokenize_trajectory, tokenize_trajectory_groups
 from art.trajectories import History
@@ -104,6 +105,36 @@ def _tokenizing() -> Iterator[None]:
                          "Choices whose logprobs.content tokens read 'token_id:<id>'") from e
 
 
+def _backbone_and_head(model: Any) -> tuple[Any, Any] | None:
+    """(decoder, lm_head) of a plain causal LM whose logits are just lm_head(hidden), else None.
+
+    Models that scale or soft-cap their logits (Gemma, Cohere, ...) keep the full forward."""
+    backbone, head = getattr(model, "model", None), model.get_output_embeddings()
+    plain = not any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
+    return (backbone, head) if plain and backbone is not None and isinstance(head, torch.nn.Linear) else None
+
+
+def _chunked_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, autocast: Any,
+                      chunk: int = 1024) -> torch.Tensor:
+    """log p(target) from the hidden states, `chunk` positions at a time.
+
+    The full [B, K, vocab] float32 logits (and their gradient) would dominate the step's memory
+    for a 150k vocabulary (bench/RESULTS.md): each chunk's logits are recomputed in the backward
+    pass instead of kept (activation checkpointing), as TRL's and Liger's fused heads do."""
+    def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        with autocast():
+            logits = head(h).float()
+        return torch.gather(logits, -1, t.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+    flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    parts = []
+    for i in range(0, flat_t.shape[0], chunk):
+        h, t = flat_h[i:i + chunk], flat_t[i:i + chunk]
+        grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
+        parts.append(torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if grad else piece(h, t))
+    return torch.cat(parts).reshape(targets.shape)
+
+
 class PortableTrainer:
     """LoRA GRPO trainer on `policy.model` (anything with `.model`, `.tokenizer`, `.step`).
 
@@ -152,6 +183,7 @@ class PortableTrainer:
         self.sft_steps = 0
         self._lock = threading.Lock()  # one update at a time, also across `train` threads
         self._keep_logits = "logits_to_keep" in inspect.signature(model.get_base_model().forward).parameters
+        self._split = _backbone_and_head(model.get_base_model())
 
     # ---- forward pass -------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -177,11 +209,17 @@ class PortableTrainer:
         first = max(1, min(s["mask"].index(1) for s in seqs))
         keep = length - first
         ids, attn = ids.to(self.device), attn.to(self.device)
+        targets = ids[:, first:]
+        if self._split is not None:
+            backbone, head = self._split
+            with self._autocast():
+                hidden = backbone(input_ids=ids[:, :-1], attention_mask=attn[:, :-1]).last_hidden_state[:, -keep:]
+            new = _chunked_logprobs(head, hidden, targets, self._autocast)
+            return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)
         kwargs = {"logits_to_keep": keep} if self._keep_logits else {}
         with self._autocast():
             logits = self.model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], **kwargs).logits
         logits = logits[:, -keep:].float()
-        targets = ids[:, first:]
         new = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
         return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)
 

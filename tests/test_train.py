@@ -4,6 +4,7 @@
     .venv/bin/python -m pytest tests/test_train.py -q -m "not slow"
 """
 
+import contextlib
 import copy
 import importlib.util
 import math
@@ -237,3 +238,21 @@ def test_a_choice_without_token_ids_gets_a_clear_error(policy):
     with pytest.raises(ValueError, match="token_id:<id>"):
         trainer.train_step([art.TrajectoryGroup([good, broken])])
     assert trainer.step == 0
+
+
+def test_chunked_logprobs_match_the_full_logits_and_their_gradient():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mcp_rl.train import _backbone_and_head, _chunked_logprobs
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    ids = torch.randint(0, 300, (3, 20))
+    backbone, head = _backbone_and_head(model)
+    hidden = backbone(input_ids=ids[:, :-1]).last_hidden_state[:, -12:]
+    chunked = _chunked_logprobs(head, hidden, ids[:, -12:], contextlib.nullcontext, chunk=7)  # chunks cross rows
+    (grad_chunked,) = torch.autograd.grad(chunked.sum(), head.weight)
+    full = model(input_ids=ids[:, :-1]).logits[:, -12:].log_softmax(-1).gather(-1, ids[:, -12:, None]).squeeze(-1)
+    (grad_full,) = torch.autograd.grad(full.sum(), head.weight)
+    assert torch.allclose(chunked, full, atol=1e-5) and torch.allclose(grad_chunked, grad_full, atol=1e-5)
