@@ -475,8 +475,9 @@ class _Decoder:
     def _capture(self) -> None:
         import torch
 
-        lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
-        try:
+        lengths: list = []
+        try:  # a cache without per-layer lengths (another transformers) also falls back to eager
+            lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
