@@ -123,6 +123,21 @@ def _check_argv(argv: list[str], spec: Any, cwd: Any = None) -> None:
                                 f"{argv[1]!r}. Check the path (relative paths are from {base}).")
 
 
+def _http_client(headers: dict | None = None, timeout: httpx2.Timeout | None = None,
+                 auth: httpx2.Auth | None = None, **_: Any) -> httpx2.AsyncClient:
+    """The MCP SDK's HTTP client, except that idle pooled connections close after 1 s.
+
+    httpx keeps them 5 s, exactly uvicorn's default keep-alive: a call sent as the server drops
+    the idle connection fails with "Connection closed" and ends the MCP session. Rollouts pause
+    seconds between calls while the policy generates, so this hit up to 68 rollouts of ~3,500 in a
+    GPU run (bench/RESULTS.md); tests/test_connect.py reproduces it. `follow_redirects`, which
+    fastmcp passes to a custom factory, is dropped: the SDK follows same-origin redirects itself.
+    """
+    return httpx2.AsyncClient(headers=headers, auth=auth,
+                              timeout=timeout or httpx2.Timeout(30.0, read=300.0),
+                              limits=httpx2.Limits(keepalive_expiry=1.0))
+
+
 def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | None = None,
                 timeout: float | None = 30.0, connect_timeout: float | None = 30.0,
                 log_file: Any = None) -> fastmcp.Client:
@@ -160,7 +175,8 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
         raise ValueError(f"Unsupported server spec {type(spec).__name__}: give a FastMCP object, "
                          "a .py path, a shell command, an http(s) URL, or a dict.")
     if argv is None:
-        return fastmcp.Client(StreamableHttpTransport(url, headers=headers or None, auth=token), **kw)
+        return fastmcp.Client(StreamableHttpTransport(url, headers=headers or None, auth=token,
+                                                      httpx_client_factory=_http_client), **kw)
     if token or headers:
         raise ValueError(f"token/headers apply to http(s) servers only; {describe_spec(spec)} runs "
                          "over stdio (pass secrets to it through env instead).")

@@ -385,6 +385,49 @@ async def test_http_session_sends_token_and_headers(http_url):
         assert (await s.call("sleep", {"seconds": 0})).text == "awake"
 
 
+async def test_http_session_survives_idle_gaps_past_a_keep_alive_close(http_url):
+    """A server that drops an idle keep-alive connection as the next request arrives (uvicorn's
+    5 s keep-alive meeting httpx's 5 s pool expiry) must not end the session: the client's pool
+    expires idle connections after 1 s. The proxy makes that race certain: it forwards bytes, and
+    closes a connection that was idle for 1.2 s or more the moment the client writes to it."""
+    upstream = http_url.split("//")[1].split("/")[0].split(":")
+    dropped = 0
+
+    async def handle(reader, writer):
+        nonlocal dropped
+        up_r, up_w = await asyncio.open_connection(upstream[0], int(upstream[1]))
+        last = [time.monotonic()]
+
+        async def pump(src, dst, from_client):
+            nonlocal dropped
+            try:
+                while data := await src.read(65536):
+                    if from_client and time.monotonic() - last[0] >= 1.2:
+                        dropped += 1
+                        break
+                    last[0] = time.monotonic()
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            for w in (writer, up_w):
+                w.close()
+
+        await asyncio.gather(pump(reader, up_w, True), pump(up_r, writer, False))
+
+    proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    try:
+        async with ToolSession(f"http://127.0.0.1:{port}/mcp", connect_timeout=10) as s:
+            for _ in range(3):
+                assert (await s.call("sleep", {"seconds": 0})).text == "awake"
+                await asyncio.sleep(1.5)
+            assert (await s.call("sleep", {"seconds": 0})).kind is None
+    finally:
+        proxy.close()
+    assert dropped == 0  # the client never wrote to a connection idle that long
+
+
 async def test_http_server_not_running_raises_server_unavailable():
     url = f"http://127.0.0.1:{free_port()}/mcp"
     with pytest.raises(ServerUnavailable, match="127.0.0.1.*Check that the server is running"):
