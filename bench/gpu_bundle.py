@@ -43,8 +43,9 @@ for m in ("mcp_rl.pipeline", "mcp_rl.local_policy", "mcp_rl.train", "mcp_rl.roll
           "art", "art.rewards", "art.mcp", "fastmcp", "litellm", "sqlite_utils", "gguf", "uvicorn",
           "sse_starlette", "mcp.client.streamable_http", "mcp_server"):
     importlib.import_module(m)
-import tempfile, mcp_server
-mcp_server.build_server(tempfile.mkdtemp() + "/c.db").http_app()  # tool registration imports lazily (griffe)
+import tempfile, mcp_server, uvicorn
+app = mcp_server.build_server(tempfile.mkdtemp() + "/c.db").http_app()  # tools import griffe lazily
+uvicorn.Config(app).load()  # and uvicorn its protocol modules (websockets)
 pd = md.packages_distributions()
 names = {d for m in list(sys.modules) for d in pd.get(m.split(".")[0], [])}
 print(" ".join(sorted(f"{n}=={md.version(n)}" for n in names)))
