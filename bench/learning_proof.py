@@ -1,6 +1,6 @@
 """Learning proof: does GRPO teach SmolLM2-135M-Instruct to use the company MCP server?
 
-One run of `mcp_rl.pipeline.run` (base eval -> warm start -> eval -> GRPO steps -> eval), with
+One run of `mcp_rl.run` (base eval -> warm start -> eval -> GRPO steps -> eval), with
 the real embedded weights, the portable trainer, the company server over streamable HTTP
 (`server: company`) and verifiable rewards only (no judge). The held-out set is the test split
 plus the validation split relabelled `test` (79 + 49 = 128 scenarios), written to
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl import pipeline  # noqa: E402
+from mcp_rl import pipeline, runs  # noqa: E402
 from mcp_rl.config import apply_overrides, load_config  # noqa: E402
 from mcp_rl.scenarios import load_scenarios, save_scenarios  # noqa: E402
 
@@ -95,7 +95,7 @@ def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: s
     policy = LocalPolicy(model, tok, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix, max_batch=max_batch,
                          batch_wait_s=batch_wait_s)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
-                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, bf16=t.bf16)
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision)
 
 
 class Paused(Exception):
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                      trained_s=sum(h.get("seconds", 0) for h in before if "reward_mean" in h))
     calls = sorted(run_dir.glob("timings-call*.json")) if args.resume else []
     try:
-        result = asyncio.run(pipeline.run(cfg, resume=args.resume, trainer=trainer))
+        result = asyncio.run(runs.run(cfg, resume=args.resume, trainer=trainer))
     except Paused as e:
         result = None
         print(e, flush=True)

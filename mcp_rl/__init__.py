@@ -1,7 +1,7 @@
 """mcp-rl: teach a small open LLM, by reinforcement learning, to use an MCP server well.
 
 Pipeline (one module per stage): connect → scenarios → rollout → rewards →
-train → evaluate. Names that need torch (LocalPolicy, PortableTrainer, ...) are
+train → evaluate → export; `runs` strings the stages into a resumable run. Names that need torch (LocalPolicy, PortableTrainer, ...) are
 imported on first use, so `import mcp_rl` stays light for the server-only paths.
 """
 
@@ -22,10 +22,12 @@ _NAMES = {
     "rewards": ["RewardConfig", "verify_answer", "score_group", "score_trajectory"],
     "train": ["PortableTrainer"],
     "art_backend": ["ARTTrainer"],
-    "evaluate": ["EvalResult", "evaluate", "write_report"],
+    "evaluate": ["EvalResult", "evaluate", "write_report", "compare_transcripts"],
     "config": ["Config", "TrainConfig", "PRESETS", "preset", "load_config", "apply_overrides"],
     "launch": ["HttpServer", "serve_http", "company_server_command"],
-    "pipeline": ["run", "build_trainer", "load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop"],
+    "pipeline": ["build_trainer", "load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop"],
+    "runs": ["Run", "open_run", "run"],
+    "export": ["find_adapter", "merge_adapter", "load_with_adapter", "recorded_base_model"],
     "keys": ["get_secret"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}

@@ -3,10 +3,10 @@
     python -m mcp_rl tools --server "python mcp_server.py"
     python -m mcp_rl scenarios --server mcp_server.py --generator grounded --n 300 --out data/scenarios.jsonl
     python -m mcp_rl rollout --server mcp_server.py --model smollm2 --task "How many employees are there?"
-    python -m mcp_rl eval --server company --scenarios data/scenarios.jsonl --model smollm2 [--adapter DIR]
+    python -m mcp_rl eval --server company --scenarios data/scenarios.jsonl [--model smollm2] [--adapter RUN|DIR]
     python -m mcp_rl train --preset cpu|t4 [--config FILE] [--out DIR] [--resume] [--set train.steps=5]
     python -m mcp_rl demo          # the whole pipeline on the embedded CPU model, no key, no download
-    python -m mcp_rl export --run runs/demo --merged DIR
+    python -m mcp_rl export --run runs/demo --merged DIR [--model BASE] [--dtype auto]
 """
 
 from __future__ import annotations
@@ -19,19 +19,24 @@ import time
 from pathlib import Path
 
 
-def _policy(model: str, *, base_url: str | None, api_key_env: str | None, adapter: str | None, tool_prefix: bool):
-    """An OpenAI-compatible endpoint policy when --base-url is given, else a local transformers one."""
+def _policy(model: str | None, *, base_url: str | None, api_key_env: str | None, adapter: str | None,
+            tool_prefix: bool):
+    """An OpenAI-compatible endpoint policy when --base-url is given, else a local transformers one.
+
+    --adapter takes a run, checkpoint, ART checkpoint or adapter folder; without --model its base
+    is the one the adapter records (else the embedded smollm2)."""
     if base_url:
         from .policy import OpenAIPolicy
 
-        return OpenAIPolicy(model, base_url=base_url, api_key=os.environ.get(api_key_env or "OPENAI_API_KEY", "none"))
-    from .local_policy import LocalPolicy, load_local_model
+        return OpenAIPolicy(model or "smollm2", base_url=base_url,
+                            api_key=os.environ.get(api_key_env or "OPENAI_API_KEY", "none"))
+    from .export import load_with_adapter, recorded_base_model
+    from .local_policy import SMOLLM2, LocalPolicy, load_local_model
 
+    model = model or (recorded_base_model(adapter) if adapter else None) or SMOLLM2
     m, tok = load_local_model(model)
     if adapter:
-        from peft import PeftModel
-
-        m = PeftModel.from_pretrained(m, adapter)
+        m = load_with_adapter(m, adapter)
     return LocalPolicy(m, tok, name=Path(adapter).name if adapter else model, tool_prefix=tool_prefix)
 
 
@@ -105,7 +110,7 @@ def _train_config(a):
 
 
 def cmd_train(a) -> int:
-    from .pipeline import run
+    from .runs import run
 
     asyncio.run(run(_train_config(a), resume=a.resume))
     return 0
@@ -113,7 +118,7 @@ def cmd_train(a) -> int:
 
 def cmd_demo(a) -> int:
     from .config import apply_overrides, preset
-    from .pipeline import run
+    from .runs import run
 
     out = a.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     t0 = time.monotonic()
@@ -126,23 +131,13 @@ def cmd_demo(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from .config import load_config
-    from .pipeline import build_trainer
+    from .export import find_adapter, merge_adapter, recorded_base_model
 
-    run_dir = Path(a.run)
-    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
-    if not ckpts:
-        print(f"error: no checkpoint under {run_dir}/checkpoints", file=sys.stderr)
-        return 2
-    cfg = load_config(run_dir / "config.json")
-    trainer = build_trainer(cfg)
-    trainer.load(ckpts[-1])
-    if a.adapter:
-        trainer.save(Path(a.adapter))
-        print(f"LoRA adapter: {a.adapter}")
-    if a.merged:
-        trainer.merge_and_save(Path(a.merged))
-        print(f"merged model: {a.merged}")
+    source = a.run or a.adapter
+    adapter = find_adapter(source)
+    base = a.model or recorded_base_model(source) or "not recorded"
+    print(f"LoRA adapter: {adapter} | base model: {base} | merging ({a.dtype})...", flush=True)
+    print(f"merged model: {merge_adapter(source, a.merged, base_model=a.model, dtype=a.dtype)}")
     return 0
 
 
@@ -156,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--token", default=os.environ.get("MCP_RL_TOKEN"), help="bearer token for an HTTP server")
 
     def model_args(sp):
-        sp.add_argument("--model", default="smollm2", help="'smollm2', a Hugging Face id/dir, or an endpoint model with --base-url")
+        sp.add_argument("--model", help="'smollm2' (default), a Hugging Face id/dir, or an endpoint model with --base-url; "
+                        "with --adapter, default: the adapter's base model")
         sp.add_argument("--base-url", help="OpenAI-compatible endpoint (vLLM, Ollama, OpenRouter...)")
         sp.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the endpoint key")
-        sp.add_argument("--adapter", help="LoRA adapter dir for a local model")
+        sp.add_argument("--adapter", help="LoRA for a local model: a run folder (newest checkpoint), a checkpoint, "
+                        "ART's checkpoint folder or a peft adapter folder")
         sp.add_argument("--tool-prefix", action="store_true", help="force the <tool_call> envelope (tiny models)")
         sp.add_argument("--max-turns", type=int, default=8)
         sp.add_argument("--temperature", type=float, default=0.0)
@@ -206,10 +203,19 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field, e.g. train.steps=5")
         sp.set_defaults(fn=fn)
 
-    sp = sub.add_parser("export", help="export a run's LoRA adapter and/or merged model")
-    sp.add_argument("--run", required=True)
-    sp.add_argument("--adapter")
-    sp.add_argument("--merged")
+    sp = sub.add_parser("export", help="merge a run's LoRA into its base model (portable or ART run)",
+                        description="Merge a LoRA into its base model and save it with its tokenizer, for vLLM, "
+                        "transformers or a llama.cpp conversion. The LoRA itself needs no export: each portable "
+                        "checkpoint's adapter/ folder, and ART's checkpoint folder, already is a peft adapter.")
+    src = sp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", help="a run folder (CLI or notebook, either backend): its newest checkpoint")
+    src.add_argument("--adapter", help="the input LoRA: a checkpoint folder, ART's checkpoint folder "
+                     "(<art_path>/<project>/models/<name>/checkpoints/NNNN) or a peft adapter folder")
+    sp.add_argument("--model", help="base model (default: the one the adapter records; 'smollm2': the embedded one); "
+                    "give the 16-bit base, never a 4-bit one")
+    sp.add_argument("--merged", required=True, help="output folder (written atomically) for the merged model + tokenizer")
+    sp.add_argument("--dtype", choices=["auto", "float16", "bfloat16", "float32"], default="auto",
+                    help="weights of the merged model (auto: bf16 on a bf16 GPU, fp16 on other GPUs, fp32 without CUDA)")
     sp.set_defaults(fn=cmd_export)
 
     a = p.parse_args(argv)

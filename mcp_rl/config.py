@@ -5,7 +5,10 @@
     cfg = apply_overrides(cfg, ["train.steps=20", "model=Qwen/Qwen2.5-3B-Instruct"])
 
 Every field has a help text (`field(metadata={"help": ...})`); `__post_init__`
-checks raise ValueError saying how to fix the value.
+checks raise ValueError saying how to fix the value. For `train.backend='art'` they include
+what ART 0.4.11 and vLLM 0.9.2 would reject only after vLLM has started on the GPU
+(`art_backend.check_art_settings`), and for every backend that one episode's own tokens fit
+`train.max_seq_len` (`check_episode_fits`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,13 @@ from typing import Any
 
 import yaml
 
+from .art_backend import check_art_settings
 from .rewards import RewardConfig
 from .rollout import RolloutConfig
+
+# Tokens an episode needs before the agent's first turn: the system prompt, the tool schemas the
+# chat template renders (a few hundred for mcp_server.py's four tools), the task, template overhead.
+PROMPT_TOKENS = 1024
 
 
 def _f(default, help: str):
@@ -40,13 +48,18 @@ class TrainConfig:
     lora_r: int = _f(8, "LoRA rank")
     lora_alpha: int = _f(16, "LoRA alpha")
     micro_batch_size: int = _f(4, "sequences per forward/backward pass")
-    max_seq_len: int = _f(2048, "longest tokenized trajectory trained on; longer ones are skipped")
+    max_seq_len: int = _f(4096, "longest tokenized trajectory trained on; longer ones are skipped (portable) "
+                          "or cut (ART); also ART's context length in vLLM")
+    logprob_chunk_size: int = _f(1024, "ART backend: tokens per chunk of its log-prob computation (ART's default "
+                                 "1024; 8 on a T4 to save memory); must divide max_seq_len")
     warm_start_scenarios: int = _f(0, "training scenarios turned into demonstrations for a supervised warm start (0 = none)")
     warm_start_epochs: int = _f(1, "passes over the demonstrations")
     warm_start_lr: float = _f(2e-4, "warm-start learning rate")
     warm_start_batch_size: int = _f(4, "demonstrations per warm-start update")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (long sequences, big models)")
-    bf16: bool | str = _f("auto", "bf16 autocast for training: 'auto' (CUDA with bf16), true (also on CPU: ~2x faster there), false")
+    precision: str = _f("auto", "training precision: 'auto' (bf16 on GPUs with it, fp16 + loss scaling on those "
+                                 "without, e.g. a T4; fp32 on a CPU), 'bf16' (also on CPU: ~2x faster there), "
+                                 "'fp16' (autocast with dynamic loss scaling, float16 weights), 'fp32'")
     eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only before and after)")
     eval_scenarios: int = _f(32, "held-out (test split) scenarios evaluated before and after training")
     eval_warm_start: bool = _f(True, "also evaluate the warm-start-only policy (RL vs supervised on the same scenarios)")
@@ -63,8 +76,31 @@ class TrainConfig:
         for name in ("steps", "groups_per_step", "micro_batch_size", "max_seq_len", "lora_r"):
             if getattr(self, name) < (0 if name == "steps" else 1):
                 raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
+        if self.precision not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"train.precision must be 'auto', 'bf16', 'fp16' or 'fp32', got {self.precision!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if self.backend == "art":
+            check_art_settings(self.max_seq_len, self.logprob_chunk_size, self.lora_r, prefix="train.")
+
+
+def check_episode_fits(rollout: RolloutConfig, train: TrainConfig) -> None:
+    """Raise ValueError when an episode's prompt and assistant turns alone can exceed max_seq_len.
+
+    Such an episode cannot be trained on whole: the portable trainer skips it, ART cuts its end
+    (where the answer and so the reward are), vLLM refuses it as a context overflow. An error,
+    not a warning, because most episodes that use every turn are the ones the reward must
+    judge. Tool results (up to rollout.max_result_chars each) come on top, so this is a floor.
+
+    >>> check_episode_fits(RolloutConfig(max_turns=4, max_tokens=384), TrainConfig(max_seq_len=8192))
+    """
+    need = PROMPT_TOKENS + rollout.max_turns * rollout.max_tokens
+    if need > train.max_seq_len:
+        raise ValueError(
+            f"rollout.max_turns x rollout.max_tokens ({rollout.max_turns} x {rollout.max_tokens}) plus "
+            f"~{PROMPT_TOKENS} prompt tokens is {need}, over train.max_seq_len {train.max_seq_len}: long episodes "
+            "would be skipped or cut before their answer; lower rollout.max_turns or rollout.max_tokens, "
+            f"or raise train.max_seq_len to at least {need}")
 
 
 @dataclass
@@ -89,6 +125,7 @@ class Config:
                 setattr(self, name, _build(cls, value, name))
         if self.load_in_4bit and self.model == "smollm2":
             raise ValueError("load_in_4bit needs CUDA and a Hugging Face model; the embedded smollm2 runs unquantised")
+        check_episode_fits(self.rollout, self.train)
 
 
 def _build(cls, values: dict, where: str):
@@ -107,15 +144,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"steps": 2, "groups_per_step": 2, "group_size": 4, "learning_rate": 1e-4,
                   "warm_start_scenarios": 32, "warm_start_epochs": 1, "warm_start_lr": 5e-4,
                   "eval_scenarios": 12, "eval_warm_start": False, "max_seq_len": 2048,
-                  "micro_batch_size": 2, "bf16": True},
+                  "micro_batch_size": 2, "precision": "bf16"},
     },
-    # Colab free T4: Qwen2.5-3B-Instruct in 4 bits through ART + vLLM 0.9.2 (float16: T4 has no bf16).
+    # Colab free T4 (15 GiB): Qwen2.5-3B-Instruct in 4 bits through ART + vLLM 0.9.2 (float16: T4 has no
+    # bf16). As ART's own T4 notebooks: 8192-token sequences with log-probs in chunks of 8, and few
+    # turns "to avoid OOM" (ART pads each step's sequences to the longest trajectory, rounded up to
+    # 2048, so shorter episodes train in less memory). 4 turns x 384 tokens + the prompt + 4 tool
+    # results of <= 3000 chars stays under 8192; a multi-tool turn covers list/describe/query.
     "t4": {
         "model": "Qwen/Qwen2.5-3B-Instruct",
         "load_in_4bit": True,
-        "rollout": {"max_turns": 8, "max_tokens": 512, "temperature": 1.0, "concurrency": 16},
+        "rollout": {"max_turns": 4, "max_tokens": 384, "temperature": 1.0, "concurrency": 16},
         "train": {"backend": "art", "steps": 20, "groups_per_step": 4, "group_size": 6,
-                  "learning_rate": 1e-5, "max_seq_len": 8192, "eval_scenarios": 60, "eval_every": 5},
+                  "learning_rate": 1e-5, "max_seq_len": 8192, "logprob_chunk_size": 8,
+                  "eval_scenarios": 60, "eval_every": 5},
     },
 }
 

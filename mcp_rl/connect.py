@@ -7,8 +7,19 @@ A `ServerSpec` is one of:
     "npx -y @scope/some-server";
   - an "http(s)://host/mcp" URL (streamable HTTP), with optional `headers=` / `token=`;
   - a dict: {"url": ..., "headers": {...}, "token": ...} or
-    {"command": "..." | [...], "args": [...], "env": {...}, "cwd": ...}
+    {"command": "..." | [...], "args": [...], "env": {...}, "env_passthrough": [...],
+     "inherit_env": false, "cwd": ...}
     (or a full MCP config {"mcpServers": {...}}, passed to fastmcp as is).
+
+Environment of a stdio server: a clean one. It gets only the variables programs need to run
+(`STDIO_ENV_ALLOWLIST`: PATH, HOME, USER, SHELL, TERM, LANG/LC_*, TZ, TMPDIR/TMP/TEMP, XDG_*_HOME,
+and on Windows SYSTEMROOT, APPDATA and the like, after the MCP SDK's `get_default_environment()`),
+plus what the spec names: `env` sets values ({"API_KEY": "..."}), `env_passthrough` copies named
+variables from ours (["OPENAI_API_KEY", "AWS_*"]; a trailing * matches a prefix; unset ones are
+left out), and `inherit_env: true` passes our whole environment (the old behaviour). So keys
+exported in a notebook or shell reach no stdio server (an `npx` package included) unless named.
+A plain string spec ("python server.py", "npx -y pkg") gets the clean environment; use the dict
+form to give it variables. HTTP and in-process servers are not affected.
 
     async with ToolSession("python mcp_server.py") as session:
         tools = await session.openai_tools()          # OpenAI function schemas
@@ -41,6 +52,7 @@ import anyio
 import fastmcp
 import httpx2
 from fastmcp.client.transports import FastMCPTransport, StdioTransport, StreamableHttpTransport
+from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
@@ -54,9 +66,16 @@ ServerSpec = Union[fastmcp.FastMCP, str, os.PathLike, dict]
 __all__ = [
     "ServerSpec", "ServerUnavailable", "ToolResult", "ToolSession", "make_client", "describe_spec",
     "mcp_tool_to_openai", "normalize_schema", "result_to_text", "print_tools", "tools_json",
+    "stdio_env", "STDIO_ENV_ALLOWLIST",
 ]
 
-_DICT_KEYS = {"url", "headers", "token", "command", "args", "env", "cwd"}
+_DICT_KEYS = {"url", "headers", "token", "command", "args", "env", "env_passthrough", "inherit_env", "cwd"}
+# What a stdio server inherits from us unless its spec says more: the MCP SDK's list (PATH, HOME,
+# USER, SHELL, TERM; SYSTEMROOT, APPDATA, ... on Windows) plus locale, time zone, temp and XDG
+# folders, which interpreters and npx/uvx read. None of these holds a secret.
+STDIO_ENV_ALLOWLIST: tuple[str, ...] = (
+    *DEFAULT_INHERITED_ENV_VARS, "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TMP", "TEMP",
+    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR", "SYSTEMROOT", "COMSPEC", "WINDIR")
 _SECRET = re.compile(r"token|key|secret|passw|auth|cred|bearer", re.I)
 _URL = re.compile(r"\s*https?://", re.I)
 # Servers phrase argument-validation failures differently; these cover pydantic (FastMCP, the
@@ -123,6 +142,32 @@ def _check_argv(argv: list[str], spec: Any, cwd: Any = None) -> None:
                                 f"{argv[1]!r}. Check the path (relative paths are from {base}).")
 
 
+def _env_names(names: Any) -> list[str]:
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names or []):
+        raise ValueError("'env_passthrough' must be a list of variable names such as "
+                         f"[\"OPENAI_API_KEY\", \"AWS_*\"], got {names!r}")
+    return list(names or [])
+
+
+def stdio_env(env: dict | None = None, passthrough: list[str] = (), inherit: bool = False) -> dict[str, str]:
+    """The environment a stdio server starts with: `STDIO_ENV_ALLOWLIST` and `passthrough` names
+    (a trailing * matches a prefix) copied from ours, or all of ours with `inherit`, then `env`.
+
+    >>> env = stdio_env({"API_KEY": "k"}, passthrough=["NO_SUCH_VARIABLE"])
+    >>> env["API_KEY"], "NO_SUCH_VARIABLE" in env, env.get("PATH") == os.environ.get("PATH")
+    ('k', False, True)
+    """
+    patterns = [*STDIO_ENV_ALLOWLIST, *passthrough]
+
+    def wanted(name: str) -> bool:
+        return any(name == p or p.endswith("*") and name.startswith(p[:-1]) for p in patterns)
+
+    # Like the SDK, skip exported shell functions ("() { ...") unless the whole environment is asked for.
+    base = dict(os.environ) if inherit else {k: v for k, v in os.environ.items()
+                                             if wanted(k) and not v.startswith("()")}
+    return {**base, **{str(k): str(v) for k, v in (env or {}).items()}}
+
+
 def _http_client(headers: dict | None = None, timeout: httpx2.Timeout | None = None,
                  auth: httpx2.Auth | None = None, **_: Any) -> httpx2.AsyncClient:
     """The MCP SDK's HTTP client, except that idle pooled connections close after 1 s.
@@ -148,7 +193,7 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
     kw = dict(timeout=timeout, init_timeout=connect_timeout)
     if isinstance(spec, fastmcp.FastMCP):
         return fastmcp.Client(FastMCPTransport(spec), **kw)
-    env, cwd = None, None
+    env, passthrough, inherit, cwd = None, [], False, None
     if isinstance(spec, dict):
         if "mcpServers" in spec:
             return fastmcp.Client(spec, **kw)
@@ -168,6 +213,12 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
                 raise ValueError(f"'command' must be a command, not {cmd!r}; use 'url' for http(s) servers.")
             argv += [str(a) for a in spec.get("args") or []]
             env, cwd = spec.get("env"), spec.get("cwd")
+            passthrough = _env_names(spec.get("env_passthrough"))
+            inherit = spec.get("inherit_env", False)
+            if not isinstance(inherit, bool):
+                raise ValueError(f"'inherit_env' must be true or false, got {inherit!r}")
+            if env is not None and not isinstance(env, dict):
+                raise ValueError(f"'env' must be a mapping of variable names to values, got {type(env).__name__}")
     elif isinstance(spec, (str, os.PathLike)):
         argv = _stdio_argv(spec)
         url = str(spec).strip()
@@ -181,10 +232,10 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
         raise ValueError(f"token/headers apply to http(s) servers only; {describe_spec(spec)} runs "
                          "over stdio (pass secrets to it through env instead).")
     _check_argv(argv, spec, cwd)
-    # The MCP SDK hands a stdio child only HOME/PATH/USER/...; servers also need their own
-    # variables (API keys, virtualenv settings), so the child inherits our whole environment.
-    child_env = {**os.environ, **{str(k): str(v) for k, v in (env or {}).items()}}
-    transport = StdioTransport(argv[0], argv[1:], env=child_env, cwd=str(cwd) if cwd else None,
+    # A clean environment: exported API keys must not reach every server (third-party npx
+    # packages included). The SDK merges this over its own get_default_environment().
+    transport = StdioTransport(argv[0], argv[1:], env=stdio_env(env, passthrough, inherit),
+                               cwd=str(cwd) if cwd else None,
                                keep_alive=False, log_file=log_file)
     return fastmcp.Client(transport, **kw)
 
@@ -210,7 +261,9 @@ def describe_spec(spec: ServerSpec) -> str:
         cmd = shlex.join(map(str, cmd)) if isinstance(cmd, (list, tuple)) else str(cmd)
         args = " ".join(shlex.quote(str(a)) for a in spec.get("args") or [])
         desc = describe_spec(f"{cmd} {args}".strip())
-        return desc + (f" (env: {', '.join(sorted(spec['env']))})" if spec.get("env") else "")
+        names = sorted(spec.get("env") or {}) + sorted(spec.get("env_passthrough") or [])
+        desc += f" (env: {', '.join(names)})" if names else ""
+        return desc + (" (inherits the whole environment)" if spec.get("inherit_env") else "")
     if not isinstance(spec, (str, os.PathLike)):
         return f"<unsupported spec of type {type(spec).__name__}>"
     text = str(spec).strip()

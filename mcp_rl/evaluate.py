@@ -2,28 +2,34 @@
 
     result, groups = await evaluate(policy, server, test_scenarios, label="base")
     write_report(run_dir, [base, trained], history)
+    print(compare_transcripts(run_dir, "base", "trained"))  # Markdown, side by side
 
 The same scenarios are used for every model compared. A scenario counts as a
 success when its verified reward is full credit; the standard error is that of
 a proportion, sqrt(p(1-p)/n). With `k > 1` rollouts per scenario, pass@k is the
-unbiased estimator of Chen et al. (2021).
+unbiased estimator of Chen et al. (2021). Each saved row keeps its episode's
+task and (clipped) transcript, so the report's side-by-side comparison can be
+rebuilt from the run folder alone.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
 import tempfile
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import art
 
 from .rewards import RewardConfig, score_trajectory
-from .rollout import RolloutConfig, gather_rollouts
+from .rollout import RolloutConfig, gather_rollouts, transcript
 
 SUCCESS = 0.999  # verified score counted as a success (full credit)
+TRANSCRIPT_CHARS = 4000  # per saved row: enough to read an episode, small enough for a 1,000-row eval file
 
 
 @dataclass
@@ -53,6 +59,22 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def clip(text: str, limit: int = TRANSCRIPT_CHARS) -> str:
+    """Cut the middle out of a long text, keeping its start (the task) and its end (the answer).
+
+    >>> clip("a" * 30 + "b" * 30, limit=40)
+    'aaaaaa\\n[... 49 characters cut ...]\\nbbbbb'
+    >>> clip("short")
+    'short'
+    """
+    if len(text) <= limit:
+        return text
+    marker = lambda cut: f"\n[... {cut} characters cut ...]\n"  # noqa: E731
+    keep = max(limit - len(marker(len(text))), 2)
+    head, tail = text[: (keep + 1) // 2], text[len(text) - keep // 2:]
+    return head + marker(len(text) - len(head) - len(tail)) + tail
+
+
 def rows_from_groups(groups: list[art.TrajectoryGroup], scenarios, reward_cfg: RewardConfig) -> list[dict]:
     """One row per trajectory: what the summary is computed from (and saved beside it)."""
     rows = []
@@ -61,6 +83,7 @@ def rows_from_groups(groups: list[art.TrajectoryGroup], scenarios, reward_cfg: R
             score_trajectory(traj, scenario, reward_cfg)
             rows.append({
                 "scenario_id": scenario.id,
+                "task": scenario.task,
                 "expected": scenario.answer,
                 "answer": traj.metadata.get("answer"),
                 "verified": float(traj.metrics.get("reward/verified", 0.0)),
@@ -71,6 +94,7 @@ def rows_from_groups(groups: list[art.TrajectoryGroup], scenarios, reward_cfg: R
                 "fatal": bool(traj.metrics.get("fatal")),
                 "policy": traj.metadata.get("policy"),
                 "policy_step": traj.metadata.get("policy_step"),
+                "transcript": clip(transcript(traj)),
             })
     return rows
 
@@ -127,9 +151,97 @@ def save_eval(run_dir: Path, result: EvalResult) -> None:
     write_json_atomic(Path(run_dir) / f"eval_{result.label}.jsonl", result.rows)
 
 
-def load_eval(run_dir: Path, label: str) -> EvalResult:
+def _load_rows(run_dir: Path, label: str) -> list[dict]:
     path = Path(run_dir) / f"eval_{label}.jsonl"
-    return summarize([json.loads(line) for line in path.read_text().splitlines() if line.strip()], label)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_eval(run_dir: Path, label: str) -> EvalResult:
+    return summarize(_load_rows(run_dir, label), label)
+
+
+def _firsts(rows: list[dict]) -> dict[str, dict]:
+    """The first row of each scenario, in file order: the rollout that success@1 counts."""
+    firsts: dict[str, dict] = {}
+    for r in rows:
+        firsts.setdefault(r["scenario_id"], r)
+    return firsts
+
+
+def _solved(row: dict) -> bool:
+    return float(row.get("verified", 0.0)) >= SUCCESS
+
+
+def pick_scenarios(before_rows: list[dict], after_rows: list[dict], n: int = 2) -> list[str]:
+    """Ids of `n` scenarios in both evals, most informative first: failed -> solved, then
+    solved -> failed, then the largest change in reward; ties keep the order of `before_rows`."""
+    a, b = _firsts(before_rows), _firsts(after_rows)
+
+    def key(item):
+        i, sid = item
+        x, y = a[sid], b[sid]
+        rank = 0 if _solved(y) > _solved(x) else 1 if _solved(x) > _solved(y) else 2
+        return rank, -abs(float(y.get("reward", 0)) - float(x.get("reward", 0))), i
+
+    return [sid for _, sid in sorted(enumerate(s for s in a if s in b), key=key)[:n]]
+
+
+WRAP = 60  # columns per side: two of them fit a GitHub page without a scroll bar
+_NUMBERS = dict(enumerate("one two three four five six seven eight nine".split(), 1))
+_CHANGE = {(False, True): "failed → solved", (True, False): "solved → failed", (True, True): "solved by both",
+           (False, False): "failed by both"}
+
+
+def _pre(row: dict) -> str:
+    # Hard-wrapped here because GitHub strips style="white-space: pre-wrap". A blank line would end
+    # the Markdown HTML block (CommonMark, type 6) in mid-table, so blank lines become &nbsp;.
+    text = row.get("transcript") or "(no transcript saved: this eval predates transcripts in eval rows)"
+    lines = [w for line in text.splitlines() for w in textwrap.wrap(line, WRAP, break_on_hyphens=False) or [""]]
+    return "<pre>" + "\n".join(html.escape(w) if w.strip() else "&nbsp;" for w in lines) + "</pre>"
+
+
+def _verdict(row: dict) -> str:
+    turns, errors = int(row.get("turns", 0)), int(row.get("tool_errors", 0))
+    answer = json.dumps(row.get("answer"), default=str, ensure_ascii=False)  # in full in the transcript below
+    return (f"{'✓ solved' if _solved(row) else '✗ failed'} · reward {float(row.get('reward', 0)):.2f} · "
+            f"{turns} turn{'s' * (turns != 1)} · {errors} tool error{'s' * (errors != 1)} · "
+            f"answer {answer if len(answer) <= 80 else answer[:79] + '…'}" + (" · fatal" if row.get("fatal") else ""))
+
+
+def _compare(before_rows: list[dict], after_rows: list[dict], before: str, after: str, n: int) -> str:
+    # Side by side as a two-column HTML table of <pre> blocks: the one layout that GitHub and
+    # Jupyter both render, and the eye finds the first turn where the two runs part ways.
+    if n < 1:
+        raise ValueError(f"n must be >= 1 scenarios to compare, got {n}")
+    chosen = pick_scenarios(before_rows, after_rows, n)
+    if not chosen:
+        return ""
+    a, b = _firsts(before_rows), _firsts(after_rows)
+    common = [s for s in a if s in b]
+    up = sum(_solved(b[s]) > _solved(a[s]) for s in common)
+    down = sum(_solved(a[s]) > _solved(b[s]) for s in common)
+    e = html.escape
+    lines = [f"## What changed: {_NUMBERS.get(len(chosen), len(chosen))} held-out scenario{'s' * (len(chosen) > 1)}", "",
+             f"{e(before)} → {e(after)}: {up} of {len(common)} scenarios went failed → solved, {down} solved → failed. "
+             "Shown first: scenarios whose outcome changed (first rollout of each, as in success@1)."]
+    for i, sid in enumerate(chosen, 1):
+        x, y = a[sid], b[sid]
+        task = " ".join(str(x.get("task") or y.get("task") or "(task not saved)").split())
+        expected = json.dumps(x.get("expected", y.get("expected")), default=str, ensure_ascii=False)
+        lines += ["", f"### {i}. {e(sid)}: {_CHANGE[_solved(x), _solved(y)]}", "", "<table>",
+                  f'<tr><td colspan="2"><b>Task:</b> {e(task)}<br><b>Expected answer:</b> {e(expected)}</td></tr>',
+                  f"<tr><th>{e(before)}</th><th>{e(after)}</th></tr>",
+                  f"<tr><td>{e(_verdict(x))}</td><td>{e(_verdict(y))}</td></tr>",
+                  f'<tr><td valign="top">{_pre(x)}</td><td valign="top">{_pre(y)}</td></tr>', "</table>"]
+    return "\n".join(lines) + "\n"
+
+
+def compare_transcripts(run_dir: str | Path, before: str = "base", after: str = "trained", n: int = 2) -> str:
+    """Markdown: `n` scenarios of two saved evals side by side (task, expected answer, each side's
+    verdict and transcript), outcomes that changed first. "" if either eval file is missing."""
+    if not all((Path(run_dir) / f"eval_{label}.jsonl").exists() for label in (before, after)):
+        return ""
+    return _compare(_load_rows(Path(run_dir), before), _load_rows(Path(run_dir), after), before, after, n)
 
 
 def _plots(run_dir: Path, results: list[EvalResult], history: list[dict]) -> list[str]:
@@ -159,7 +271,8 @@ def _plots(run_dir: Path, results: list[EvalResult], history: list[dict]) -> lis
 
 
 def write_report(run_dir: str | Path, results: list[EvalResult], history: list[dict], title: str = "mcp-rl run") -> Path:
-    """report.md (+ PNG plots) in the run folder; numbers come from the saved rows."""
+    """report.md (+ PNG plots) in the run folder; numbers come from the saved rows. With a `base`
+    result and another one (`trained`, else the last), two held-out transcripts side by side."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# {title}", "", "## Held-out evaluation (same scenarios for every model)", "",
@@ -180,6 +293,11 @@ def write_report(run_dir: str | Path, results: list[EvalResult], history: list[d
         lines += ["", *[f"![{n}]({n})" for n in _plots(run_dir, results, history)]]
     except ImportError:
         lines += ["", "(matplotlib is not installed: no plots)"]
+    # From the results' rows (the saved ones after a reload), so the comparison matches the table above.
+    by_label = {r.label: r for r in results}
+    after = "trained" if "trained" in by_label else next((x for x in reversed(by_label) if x != "base"), None)
+    if "base" in by_label and after and (section := _compare(by_label["base"].rows, by_label[after].rows, "base", after, 2)):
+        lines += ["", section.rstrip()]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     write_json_atomic(run_dir / "summary.json", [{k: v for k, v in asdict(r).items() if k != "rows"} for r in results])

@@ -80,6 +80,11 @@ class HttpServer:
                                        f"within {self.startup_timeout:.0f} s")
                 time.sleep(0.2)
 
+    @property
+    def alive(self) -> bool:
+        """Started and not exited (a notebook cell run twice keeps a live server)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

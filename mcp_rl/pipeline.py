@@ -1,7 +1,8 @@
-"""The training loop: evaluate, warm-start, GRPO steps, evaluate again, report.
+"""The pipeline's phases: load splits, evaluate, warm-start, GRPO steps (mcp_rl/runs.py strings them
+into a resumable run).
 
     python -m mcp_rl train --preset cpu --out runs/demo [--resume]
-    summary = asyncio.run(run(preset("cpu")))
+    summary = asyncio.run(mcp_rl.run(preset("cpu")))
 
 Each step: scenarios → groups of rollouts → rewards → zero-variance groups
 skipped and logged → update → (every N steps) validation → atomic checkpoint →
@@ -14,14 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import random
 import shutil
 import time
 from pathlib import Path
 
 from .config import Config
-from .evaluate import EvalResult, evaluate, load_eval, save_eval, write_json_atomic, write_report
+from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
 from .launch import HttpServer, company_server_command
 from .policy import DemonstrationPolicy
 from .rewards import score_group
@@ -68,11 +68,13 @@ def build_trainer(cfg: Config):
     from .local_policy import LocalPolicy, load_local_model
     from .train import PortableTrainer
 
-    model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
+    # float16 weights where training runs in float16 (a T4, or precision forced to fp16 on another GPU)
+    dtype = "float16" if t.precision == "fp16" else None
+    model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit, dtype=dtype)
     policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix,
                          max_batch=cfg.policy_batch)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
-                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, bf16=t.bf16,
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
                            gradient_checkpointing=t.gradient_checkpointing)
 
 
@@ -122,11 +124,6 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
 
 async def _maybe_async(value):
     return await value if hasattr(value, "__await__") else value
-
-
-def _state(run_dir: Path) -> dict:
-    path = run_dir / "state.json"
-    return json.loads(path.read_text()) if path.exists() else {"step": 0, "history": [], "phase": "new"}
 
 
 def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
@@ -190,57 +187,5 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
     return state
 
 
-async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
-    """The whole pipeline; returns {"base": EvalResult, ["warm_start": ...,] "trained": ..., "report": path}.
-
-    Phases are committed in run_dir/state.json, so `resume=True` picks up after the
-    last complete one (and the last complete step). Pass `trainer` to reuse a loaded model."""
-    run_dir = Path(cfg.out)
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise ValueError(f"{run_dir} already holds a run: pass --resume to continue it, or --out a new folder")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", dataclasses.asdict(cfg))
-    train, val, test = load_splits(cfg)
-    state = _state(run_dir) if resume else {"step": 0, "history": [], "phase": "new"}
-    _log(f"run {run_dir} | model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, "
-         f"{len(test)} test scenarios" + (f" | resuming at step {state['step']}" if resume else ""))
-    if trainer is None:
-        trainer = build_trainer(cfg)
-        if hasattr(trainer, "register"):  # ART: starts vLLM and Unsloth on the GPU
-            await trainer.register()
-    results: dict[str, EvalResult] = {}
-    async with open_server(cfg) as server:
-        if state["phase"] != "new":
-            ckpt = run_dir / "checkpoints" / f"step-{state['step']:04d}"
-            if ckpt.exists():
-                trainer.load(ckpt)
-        if state["phase"] == "new":
-            results["base"] = await evaluate_policy(trainer.policy, server, test, cfg, "base", run_dir)
-            state["phase"] = "base_done"
-            write_json_atomic(run_dir / "state.json", state)
-        else:
-            results["base"] = load_eval(run_dir, "base")
-        if state["phase"] == "base_done":
-            if cfg.train.warm_start_scenarios:
-                state["history"].append({"step": 0, "phase": "warm_start", **await warm_start(trainer, server, train, cfg)})
-                if cfg.train.eval_warm_start:
-                    results["warm_start"] = await evaluate_policy(trainer.policy, server, test, cfg, "warm_start",
-                                                                  run_dir)
-            state["phase"] = "training"
-            _checkpoint(trainer, run_dir, state)
-        elif (run_dir / "eval_warm_start.jsonl").exists():
-            results["warm_start"] = load_eval(run_dir, "warm_start")
-        state = await train_loop(trainer, server, train, cfg, run_dir, state, val)
-        if state["phase"] != "done":
-            results["trained"] = await evaluate_policy(trainer.policy, server, test, cfg, "trained", run_dir)
-            state["phase"] = "done"
-            write_json_atomic(run_dir / "state.json", state)
-        else:
-            results["trained"] = load_eval(run_dir, "trained")
-    report = write_report(run_dir, list(results.values()), state["history"], title=f"mcp-rl run: {cfg.model}")
-    _log(f"report: {report}")
-    return {**results, "report": report, "trainer": trainer}
-
-
-__all__ = ["run", "load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop", "step_batch",
+__all__ = ["load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop", "step_batch",
            "build_trainer", "open_server"]

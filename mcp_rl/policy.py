@@ -219,9 +219,16 @@ class OpenAIPolicy:
 
     @property
     def step(self) -> int:
-        """The `N` of a served `name@N`; else the ART backend's step seen on the last call."""
+        """The `N` of a served `name@N`; else the ART backend's step seen on the last call, or set
+        by the trainer after its last update (whichever came later)."""
         _, at, tail = self.model_name.rpartition("@")
         return int(tail) if at and tail.isdigit() else self._art_step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        # A trainer that has just updated the served LoRA knows the new step before any call
+        # asks ART for it (ARTTrainer sets this), so the next rollouts are labelled right.
+        self._art_step = int(value)
 
     async def _refresh_step(self) -> None:
         get_step = getattr(self._art_model, "get_step", None)

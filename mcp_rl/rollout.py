@@ -143,6 +143,10 @@ async def _loop(policy, session: ToolSession, traj: art.Trajectory, cfg: Rollout
             return _fatal(traj, f"policy failed: {e}")
         traj.messages_and_choices.append(choice)
         m["turns"] += 1
+        if m["turns"] == 1:
+            # A served policy may learn its step on a call (OpenAIPolicy.from_art asks ART's
+            # backend); the first turn's step, not the one before it, names the weights sampled.
+            traj.metadata["policy_step"] = int(getattr(policy, "step", 0))
         text = choice.message.content or ""
         calls = choice.message.tool_calls or []
         # Text-format policies put unparseable <tool_call> blocks in the content only.

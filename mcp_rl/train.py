@@ -11,7 +11,12 @@ take our multi-turn MCP trajectories with tool messages in between; ART 0.4.11's
 loss lives inside its Unsloth/TRL trainer service and needs a CUDA GPU + vLLM.
 What is reused: ART's `tokenize_trajectory_groups` / `tokenize_trajectory` (so both
 backends train on the same tokens, masks, old logprobs and advantages), peft for
-LoRA, torch for AdamW, autocast and gradient clipping.
+LoRA, torch for AdamW, autocast, dynamic loss scaling (GradScaler) and gradient clipping.
+
+Precision: "auto" is bf16 autocast on GPUs that have it, float16 autocast with dynamic
+loss scaling on those that do not (a T4), fp32 on a CPU. LoRA weights stay float32 (peft's
+default), so the scaler can unscale their gradients; a step whose gradients overflow is
+skipped by the scaler and counted in `skipped_steps`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from .local_policy import art_tokenizer
 log = logging.getLogger(__name__)
 
 LOSSES = ("dr_grpo", "grpo")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 STATE_FILE = "trainer_state.json"
 _FORMAT = 1
 
@@ -73,6 +79,15 @@ def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         return token_loss.sum() / (constant if constant is not None else new_logprobs.numel())
     per_seq = token_loss.sum(-1) / mask.sum(-1).clamp(min=1)
     return per_seq.sum() / (constant if constant is not None else new_logprobs.shape[0])
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto' -> 'bf16' on a CUDA GPU with bfloat16, 'fp16' on one without (a T4), 'fp32' on a CPU."""
+    if precision != "auto":
+        return precision
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
 
 
 @contextlib.contextmanager
@@ -147,7 +162,7 @@ class PortableTrainer:
     def __init__(self, policy: Any, *, learning_rate: float = 5e-5, lora_r: int = 8, lora_alpha: int = 16,
                  lora_dropout: float = 0.0, target_modules: str | list[str] = "all-linear",
                  loss: str = "dr_grpo", micro_batch_size: int = 4, max_seq_len: int = 2048,
-                 max_grad_norm: float = 1.0, bf16: bool | str = "auto", epsilon: float = 0.2,
+                 max_grad_norm: float = 1.0, precision: str = "auto", epsilon: float = 0.2,
                  weight_decay: float = 0.0, gradient_checkpointing: bool = False):
         import peft
 
@@ -157,6 +172,8 @@ class PortableTrainer:
                                 f"got {type(policy).__name__} without it")
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if micro_batch_size < 1 or max_seq_len < 2 or not learning_rate > 0:
             raise ValueError("micro_batch_size >= 1, max_seq_len >= 2 and learning_rate > 0 are required")
         self.policy, self.loss, self.epsilon = policy, loss, epsilon
@@ -173,10 +190,14 @@ class PortableTrainer:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device = next(model.parameters()).device
-        if bf16 == "auto":
-            bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        self.bf16 = bool(bf16)
+        self.precision = resolve_precision(precision, self.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.scaler = None
+        if self.precision == "fp16":
+            for p in self.params:  # the scaler cannot unscale float16 gradients: train float32 LoRA weights
+                p.data = p.data.float()
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        self.skipped_steps = 0
         self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, betas=(0.9, 0.99), weight_decay=weight_decay)
         self._sft_optimizer: torch.optim.Optimizer | None = None
         self.step = int(getattr(policy, "step", 0) or 0)
@@ -187,9 +208,13 @@ class PortableTrainer:
 
     # ---- forward pass -------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.bf16:
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        if self.precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            return torch.autocast(device_type=self.device.type, dtype=dtype)
         return contextlib.nullcontext()
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def _logprobs(self, seqs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probabilities of each sequence's tokens from the first trained one on.
@@ -240,8 +265,19 @@ class PortableTrainer:
         return kept, too_long
 
     def _update(self, optimizer: torch.optim.Optimizer) -> float:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        optimizer.step()
+        if self.scaler is None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            optimizer.step()
+        else:  # unscale first so clipping sees true gradients; the scaler skips a step with inf/NaN
+            self.scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            scale = self.scaler.get_scale()
+            self.scaler.step(optimizer)
+            self.scaler.update()
+            if self.scaler.get_scale() < scale:
+                self.skipped_steps += 1
+                log.warning("float16 gradients overflowed: step skipped, loss scale %.0f -> %.0f",
+                            scale, self.scaler.get_scale())
         optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
 
@@ -280,7 +316,7 @@ class PortableTrainer:
                         new, old, mask = self._logprobs(batch)
                         adv = torch.tensor([s["adv"] for s in batch], device=self.device)
                         loss = grpo_loss(new, old, adv, mask, kind=self.loss, epsilon=self.epsilon, constant=constant)
-                        loss.backward()
+                        self._backward(loss)
                         metrics["loss"] += float(loss.detach())
                         metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
                     metrics["grad_norm"] = self._update(self.optimizer)
@@ -290,7 +326,7 @@ class PortableTrainer:
                 self.policy.step = self.step
                 metrics["updated"] = 1.0
         seconds = time.perf_counter() - start
-        metrics.update(step=float(self.step), seconds=seconds, tokens_per_s=metrics["num_tokens"] / max(seconds, 1e-9))
+        metrics.update(step=float(self.step), skipped_steps=float(self.skipped_steps), seconds=seconds, tokens_per_s=metrics["num_tokens"] / max(seconds, 1e-9))
         return metrics
 
     async def train(self, groups: list[art.TrajectoryGroup]) -> dict[str, float]:
@@ -337,7 +373,7 @@ class PortableTrainer:
                 for batch in self._micro_batches(seqs):
                     new, _, mask = self._logprobs(batch)
                     loss = -(new * mask).sum() / n_tokens
-                    loss.backward()
+                    self._backward(loss)
                     nll += float(loss.detach())
                 grad_norm = self._update(self._sft_optimizer)
             finally:
@@ -378,6 +414,8 @@ class PortableTrainer:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             (tmp / STATE_FILE).write_text(json.dumps({
                 "format": _FORMAT, "step": self.step, "sft_steps": self.sft_steps, "loss": self.loss,
+                "precision": self.precision, "skipped_steps": self.skipped_steps,
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "learning_rate": self.learning_rate, "max_seq_len": self.max_seq_len}, indent=2))
         return target
 
@@ -400,6 +438,9 @@ class PortableTrainer:
         if (path / "optimizer.pt").is_file():
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
         self.step, self.sft_steps = int(state["step"]), int(state.get("sft_steps", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])  # resume with the loss scale the run had reached
         self.policy.step = self.step
         return state
 

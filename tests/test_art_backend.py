@@ -19,7 +19,7 @@ from pathlib import Path
 import art
 import pytest
 
-from mcp_rl.art_backend import QWEN_3B, ARTTrainer, art_train, t4_internal_config
+from mcp_rl.art_backend import QWEN_3B, ARTTrainer, art_train, check_art_settings, t4_internal_config
 
 ART_DIR = Path(importlib.util.find_spec("art").submodule_search_locations[0])
 
@@ -48,10 +48,16 @@ def test_model_train_takes_an_art_train_config():
     (art.dev.InitArgs, {"max_seq_length", "load_in_4bit", "fast_inference", "max_lora_rank"}),
     (art.dev.EngineArgs, {"enforce_eager", "gpu_memory_utilization", "dtype", "num_scheduler_steps"}),
     (art.dev.PeftArgs, {"r", "lora_alpha"}),
-    (art.dev.TrainConfig, {"scale_rewards"}),
+    (art.dev.TrainConfig, {"scale_rewards", "logprob_calculation_chunk_size"}),
 ])
 def test_pinned_art_config_keys(typed_dict, keys):
     assert keys <= set(typed_dict.__annotations__)
+
+
+def test_pinned_art_chunks_logprobs_and_pads_to_2048_as_check_art_settings_assumes():
+    train = (ART_DIR / "unsloth" / "train.py").read_text()
+    assert '_config.get("logprob_calculation_chunk_size", 1024)' in train and "seq_len % chunk_size == 0" in train
+    assert "math.ceil(max_tokens / 2048) * 2048" in (ART_DIR / "local" / "backend.py").read_text()
 
 
 def test_local_backend_is_shipped_even_where_it_cannot_import():
@@ -78,10 +84,25 @@ def test_dtype_none_leaves_the_choice_to_art():
     assert "dtype" not in t4_internal_config(dtype=None)["engine_args"]
 
 
-@pytest.mark.parametrize("kwargs, match", [({"loss": "ppo"}, "dr_grpo"), ({"learning_rate": 0}, "learning_rate")])
+@pytest.mark.parametrize("kwargs, match", [
+    ({"loss": "ppo"}, "dr_grpo"),
+    ({"learning_rate": 0}, "learning_rate"),
+    # What ART / vLLM would reject on the GPU, after minutes of loading: rejected here, on the CPU.
+    ({"max_seq_length": 4100}, r"max_seq_length 4100 is not a multiple of logprob_chunk_size 8"),
+    ({"logprob_chunk_size": 1024, "max_seq_length": 3000}, "multiple of 1024"),
+    ({"logprob_chunk_size": 3, "max_seq_length": 6144}, "must divide 2048"),
+    ({"lora_r": 12}, r"lora_r 12 is not a rank vLLM 0\.9\.2 serves"),
+    ({"internal_config": t4_internal_config(lora_r=24)}, "lora_r 24"),  # a given config is checked too
+    ({"internal_config": t4_internal_config(max_seq_length=1001)}, "max_seq_length 1001"),
+])
 def test_trainer_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ARTTrainer(**kwargs)
+
+
+def test_check_art_settings_accepts_the_t4_and_arts_default_chunk():
+    for seq, chunk in ((8192, 8), (4096, 8), (8192, 1024), (2048, 1024), (1000, 8), (3000, 8)):
+        check_art_settings(seq, chunk, 16)
 
 
 def test_art_merges_our_config_as_it_would_on_a_t4(monkeypatch, tmp_path):
@@ -132,7 +153,8 @@ class RecordingBackend(art.Backend):
             folder = self.art_path / model.project / "models" / model.name
             folder.mkdir(parents=True, exist_ok=True)
             with open(folder / "history.jsonl", "a") as f:
-                f.write(json.dumps({"train/loss": 0.25, "train/num_groups_trainable": 1, "step": self.steps}) + "\n")
+                f.write(json.dumps({"train/loss": 0.25, "train/grad_norm": 1.5, "train/num_groups_trainable": 1,
+                                    "step": self.steps}) + "\n")
         yield {"loss": 0.25}
 
 
@@ -164,9 +186,28 @@ async def test_train_goes_through_the_pinned_model_train(tmp_path):
     trainer = await ARTTrainer(learning_rate=3e-5, art_path=tmp_path).register(backend)
     metrics = await trainer.train([group(1.0, 0.0), group(0.5, 0.5)])
     (groups, config, dev_config), = backend.calls
-    assert len(groups) == 1 and config.learning_rate == 3e-5 and dev_config == {"scale_rewards": False}
+    assert len(groups) == 1 and config.learning_rate == 3e-5
+    assert dev_config == {"scale_rewards": False, "logprob_calculation_chunk_size": 8}  # ART's T4 notebooks
     assert (metrics["skipped_groups"], metrics["updated"], metrics["step"], trainer.step) == (1, 1, 1, 1)
     assert metrics["art/loss"] == 0.25
+
+
+async def test_train_returns_loss_and_grad_norm_under_the_portable_trainers_names(tmp_path):
+    trainer = await ARTTrainer(art_path=tmp_path, logprob_chunk_size=1024).register(RecordingBackend(tmp_path))
+    metrics = await trainer.train([group(1.0, 0.0)])
+    # The pipeline's step line reads rec.get("loss"), as PortableTrainer returns it.
+    assert (metrics["loss"], metrics["grad_norm"]) == (0.25, 1.5) == (metrics["art/loss"], metrics["art/grad_norm"])
+
+
+async def test_policy_step_is_the_trained_step_before_its_first_call(tmp_path):
+    backend = RecordingBackend(tmp_path)
+    backend.steps = 5  # ART resumed from checkpoint 5 on register
+    trainer = await ARTTrainer(art_path=tmp_path).register(backend)
+    policy = trainer.policy
+    assert policy.step == 5  # the first rollouts after register are labelled 5, not 0
+    await trainer.train([group(1.0, 0.0)])
+    # No completion has run since the update: rollouts read this label before their first call.
+    assert policy.step == trainer.step == 6
 
 
 async def test_only_zero_variance_groups_reach_no_training(tmp_path):

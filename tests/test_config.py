@@ -2,7 +2,7 @@
 
 import pytest
 
-from mcp_rl.config import Config, TrainConfig, apply_overrides, load_config, preset
+from mcp_rl.config import PROMPT_TOKENS, Config, TrainConfig, apply_overrides, load_config, preset
 
 
 def test_presets_are_variants_of_one_dataclass():
@@ -10,6 +10,17 @@ def test_presets_are_variants_of_one_dataclass():
     assert type(cpu) is type(t4) is Config
     assert cpu.model == "smollm2" and cpu.train.backend == "portable" and cpu.train.warm_start_scenarios > 0
     assert t4.model == "Qwen/Qwen2.5-3B-Instruct" and t4.train.backend == "art" and t4.load_in_4bit
+
+
+def test_t4_preset_is_sized_like_arts_t4_notebooks():
+    t4 = preset("t4")
+    # ART's T4 notebooks: 8192-token sequences, log-probs in chunks of 8, 3-4 turns.
+    assert (t4.train.max_seq_len, t4.train.logprob_chunk_size) == (8192, 8)
+    assert t4.train.max_seq_len % t4.train.logprob_chunk_size == 0
+    assert (t4.rollout.max_turns, t4.rollout.max_tokens) == (4, 384)
+    # The prompt, every assistant turn and every (capped, ~3 chars a token) tool result fit.
+    worst = PROMPT_TOKENS + t4.rollout.max_turns * (t4.rollout.max_tokens + t4.rollout.max_result_chars // 3)
+    assert worst <= t4.train.max_seq_len
 
 
 @pytest.mark.parametrize("suffix, text", [
@@ -41,6 +52,37 @@ def test_overrides_parse_values():
 def test_bad_values_say_how_to_fix(overrides, message):
     with pytest.raises(ValueError, match=message):
         apply_overrides(preset("cpu"), overrides)
+
+
+@pytest.mark.parametrize("base, overrides, message", [
+    # ART asserts seq_len % logprob_calculation_chunk_size == 0 inside training, on the GPU.
+    ("t4", ["train.max_seq_len=8196"], r"train.max_seq_len 8196 is not a multiple of train.logprob_chunk_size 8.*8200"),
+    ("t4", ["train.logprob_chunk_size=1000"], "not a multiple"),
+    # 3 divides 6144 but not the 2048-multiples ART pads shorter steps to.
+    ("t4", ["train.max_seq_len=6144", "train.logprob_chunk_size=3"], "must divide 2048"),
+    ("t4", ["train.logprob_chunk_size=0"], "logprob_chunk_size must be positive"),
+    ("t4", ["train.lora_r=12"], r"train.lora_r 12 is not a rank vLLM.*8, 16, 32, 64, 128, 256, 320, 512"),
+    ("cpu", ["train.backend=art", "train.max_seq_len=3000"], "multiple of 1024"),
+    # An episode's own tokens must fit: ART would cut the end, where the answer is.
+    ("cpu", ["rollout.max_turns=12"], r"\(12 x 96\).*raise train.max_seq_len to at least 2176"),
+    ("t4", ["rollout.max_tokens=2048"], "lower rollout.max_turns or rollout.max_tokens"),
+])
+def test_settings_the_gpu_would_reject_fail_on_the_cpu(base, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(preset(base), overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.lora_r=12", "train.max_seq_len=3000"],  # vLLM's ranks and ART's chunks bind only the ART backend
+    ["rollout.max_turns=8", "rollout.max_tokens=128"],  # 1024 + 8 x 128 = 2048 fits exactly
+])
+def test_portable_backend_is_not_held_to_vllm_limits(overrides):
+    apply_overrides(preset("cpu"), overrides)
+
+
+def test_defaults_are_a_valid_config():
+    cfg = Config()
+    assert PROMPT_TOKENS + cfg.rollout.max_turns * cfg.rollout.max_tokens <= cfg.train.max_seq_len
 
 
 def test_unknown_preset_and_missing_file(tmp_path):

@@ -58,6 +58,11 @@ SERVER_SCRIPT = textwrap.dedent('''
         return os.environ.get(name, "<unset>")
 
     @mcp.tool
+    def env_names() -> list[str]:
+        """The names of every environment variable of the server process."""
+        return sorted(os.environ)
+
+    @mcp.tool
     def headers() -> dict:
         """The HTTP headers this call arrived with."""
         h = get_http_headers(include_all=True)
@@ -171,11 +176,39 @@ def test_py_path_runs_under_this_interpreter(server_py):
         assert t.command == sys.executable and t.args == [str(server_py.resolve())]
 
 
-def test_stdio_child_inherits_environment_plus_extra_env(server_py, monkeypatch):
-    monkeypatch.setenv("MCP_RL_TEST_VAR", "inherited")
-    t = make_client({"command": f"python {server_py}", "env": {"EXTRA": "1"}}).transport
-    assert t.env["PATH"] == os.environ["PATH"]
-    assert (t.env["MCP_RL_TEST_VAR"], t.env["EXTRA"]) == ("inherited", "1")
+SECRET = "MCP_RL_TEST_SECRET_KEY"
+
+
+@pytest.mark.parametrize("extra, sees_secret", [
+    ({}, False),                                      # clean by default
+    ({"env": {"EXTRA": "1"}}, False),                 # setting one variable passes no others
+    ({"env_passthrough": [SECRET]}, True),            # named
+    ({"env_passthrough": ["MCP_RL_TEST_SECRET_*"]}, True),  # a prefix
+    ({"inherit_env": True}, True),                    # the whole environment, asked for
+])
+def test_stdio_child_env_is_clean_unless_named(server_py, monkeypatch, extra, sees_secret):
+    monkeypatch.setenv(SECRET, "s3cret")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    t = make_client({"command": f"python {server_py}", **extra}).transport
+    assert (SECRET in t.env) == sees_secret
+    assert t.env["PATH"] == os.environ["PATH"] and t.env["LC_ALL"] == "C.UTF-8"  # what programs need to run
+    assert t.env.get("EXTRA") == extra.get("env", {}).get("EXTRA")
+
+
+def test_string_specs_get_the_clean_environment_too(server_py, monkeypatch):
+    monkeypatch.setenv(SECRET, "s3cret")
+    for spec in (str(server_py), f"python {server_py}", server_py):
+        assert SECRET not in make_client(spec).transport.env
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"env_passthrough": SECRET}, "list of variable names"),  # a bare string is a common slip
+    ({"inherit_env": "yes"}, "true or false"),
+    ({"env": ["A=1"]}, "mapping"),
+])
+def test_bad_env_settings_say_how_to_fix(server_py, extra, message):
+    with pytest.raises(ValueError, match=message):
+        make_client({"command": f"python {server_py}", **extra})
 
 
 def test_http_headers_and_token_reach_transport():
@@ -210,6 +243,8 @@ def test_token_for_a_stdio_server_is_an_error(server_py):
     ({"url": "https://h/mcp", "headers": {"Authorization": "Bearer abc123"}, "token": "abc123"},
      ["h/mcp", "Authorization", "token"], ["abc123"]),
     ({"command": "npx -y @s/x", "env": {"API_TOKEN": "abc123"}}, ["npx -y @s/x", "API_TOKEN"], ["abc123"]),
+    ({"command": "npx -y @s/x", "env_passthrough": ["OPENAI_API_KEY"], "inherit_env": True},
+     ["OPENAI_API_KEY", "inherits the whole environment"], []),
 ])
 def test_describe_spec_never_shows_secrets(spec, shown, hidden):
     text = describe_spec(spec)
@@ -319,11 +354,17 @@ async def test_stdio_keeps_one_process_for_the_whole_session(server_py):
     assert len(pids) == 1 and int(pids.pop()) != os.getpid()
 
 
-async def test_stdio_child_sees_parent_environment_plus_dict_env(server_py, monkeypatch):
-    monkeypatch.setenv("MCP_RL_TEST_VAR", "from-parent")
-    spec = {"command": f"python {server_py.name}", "cwd": server_py.parent, "env": {"EXTRA": "given"}}
+async def test_stdio_server_sees_no_parent_secret_unless_passed(server_py, monkeypatch):
+    monkeypatch.setenv(SECRET, "s3cret")
+    async with ToolSession(str(server_py)) as s:
+        names = json.loads((await s.call("env_names", {})).text)
+    assert SECRET not in names and "PATH" in names
+    assert set(names) <= {SECRET, "EXTRA", "PYTHONUTF8"} | set(os.environ)  # nothing but a subset of ours
+
+    spec = {"command": f"python {server_py.name}", "cwd": server_py.parent, "env": {"EXTRA": "given"},
+            "env_passthrough": [SECRET]}
     async with ToolSession(spec) as s:
-        assert (await s.call("env", {"name": "MCP_RL_TEST_VAR"})).text == "from-parent"
+        assert (await s.call("env", {"name": SECRET})).text == "s3cret"
         assert (await s.call("env", {"name": "EXTRA"})).text == "given"
 
 

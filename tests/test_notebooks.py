@@ -1,20 +1,24 @@
-"""Tests for notebooks/: static checks on every notebook, then (slow) papermill runs on a CPU.
+"""Tests for notebooks/: static checks on every notebook, the install cell, then (slow) CPU runs.
 
     .venv/bin/python -m pytest tests/test_notebooks.py -q                 # all
     .venv/bin/python -m pytest tests/test_notebooks.py -q -m "not slow"   # static checks only
 
-Static: valid nbformat, identical to what notebooks/build_notebooks.py generates, outputs and
-execution counts stripped, every code cell parses, every mcp_rl name used is public API,
-the install cell matches pyproject's colab extra, one papermill "parameters" cell, a Colab
-badge, thin cells. Slow: each notebook executed end to end with the embedded model and tiny
-settings, into tmp_path, on the kernel of this interpreter.
+Static: valid nbformat, identical to what notebooks/sync.py builds from the percent-format
+sources, outputs stripped, every code cell parses, every mcp_rl name used is public API, one
+papermill "parameters" cell, thin cells, no key printed. The install cell (notebooks/install_cell.py)
+runs as a script against a local git repository, with stand-ins for `uv` and `nvidia-smi` on PATH
+(the only doubles here: Colab's installer and GPU). Slow: notebook 01 executed on the embedded
+model, then its training cells run a second time in the same kernel (resume, never relabel);
+notebook 02 executed with papermill against mcp-server-time.
 """
 
 import ast
 import importlib
 import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 import tomllib
@@ -39,6 +43,10 @@ def code_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
+def tagged(nb, tag: str) -> list:
+    return [c for c in nb.cells if tag in c.metadata.get("tags", [])]
+
+
 def python_source(cell) -> str:
     """Cell source with IPython `!shell` and `%magic` lines replaced by `pass` (same indentation)."""
     lines = []
@@ -60,8 +68,12 @@ def mcp_rl_names(tree: ast.AST) -> set[str]:
     return names
 
 
-def install_cell(nb):
-    return next(c for c in code_cells(nb) if "pip install" in c.source)
+@pytest.fixture(scope="module")
+def sync():
+    spec = importlib.util.spec_from_file_location("sync", NB_DIR / "sync.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---------------------------------------------------------------- static checks
@@ -70,13 +82,27 @@ def test_notebook_is_valid_nbformat(name):
     nbformat.validate(load(name))
 
 
-def test_notebooks_are_what_the_generator_writes():
-    spec = importlib.util.spec_from_file_location("build_notebooks", NB_DIR / "build_notebooks.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
-    assert sorted(builder.NOTEBOOKS) == NOTEBOOKS
-    stale = [n for n in NOTEBOOKS if (NB_DIR / n).read_text() != builder.render(n)]
-    assert not stale, f"{stale} differ from notebooks/build_notebooks.py: run it to rebuild them"
+def test_notebooks_and_readme_are_what_sync_builds(sync):
+    assert sorted(p.with_suffix(".ipynb").name for p in sync.sources()) == NOTEBOOKS
+    assert sync.main(["--check"]) == 0, "run python notebooks/sync.py"
+
+
+def test_with_a_repository_set_badges_and_install_cell_use_it(sync, monkeypatch):
+    repo = "https://github.com/someone/mcp-rl"
+    monkeypatch.setattr(sync, "repository", lambda: repo)
+    url = "https://colab.research.google.com/github/someone/mcp-rl/blob/main/notebooks/01_train_sql_agent.ipynb"
+    assert sync.colab_url(repo + ".git", "01_train_sql_agent") == url
+    nb = nbformat.reads(sync.render(NB_DIR / "01_train_sql_agent.py", repo), as_version=4)
+    assert f"]({url})" in nb.cells[0].source and nb.cells[0].source.startswith("# ")
+    assert f'REPO_URL = "{repo}"' in tagged(nb, "install")[0].source
+    assert f"]({url})" in sync.render_readme(repo)
+
+
+def test_without_a_repository_there_is_no_badge_but_a_note(sync):
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]["repository"] == ""
+    readme = (ROOT / "README.md").read_text()
+    assert sync.NO_REPO in readme and "colab.research.google.com/github" not in readme
+    assert 'REPO_URL = ""' in tagged(load(NOTEBOOKS[0]), "install")[0].source
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -109,20 +135,15 @@ def test_mcp_rl_names_are_public_api(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_install_cell_matches_pyproject_colab_extra(name):
+def test_install_cell_is_install_cell_py_and_names_the_colab_pins(name, sync):
+    cell = tagged(load(name), "install")
+    assert len(cell) == 1 and cell[0].source == sync.install_source(sync.repository())
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["colab"]
-    cell = install_cell(load(name)).source
-    pips = [line.strip() for line in cell.splitlines() if line.strip().startswith("!pip")]
-    assert pips[0] == '!pip install -q -e ".[colab]"', pips
-    # triton goes in a second step (torch 2.7.0 pins triton 3.3.0), so it must not be in the extra.
-    assert re.fullmatch(r"!pip install -q triton==[\d.]+", pips[1]) and len(pips) == 2, pips
-    assert not any(r.startswith("triton") for r in extra)
+    assert not any(r.startswith("triton") for r in extra)  # a second step: torch 2.7.0 pins triton 3.3.0
     for req in extra:  # the cell's comment names the pinned versions: they must be pyproject's
         if "==" in req:
             package, version = req.split("==")
-            assert version in cell, f"install cell does not mention {package} {version} (pyproject's pin)"
-    assert 'REPO_URL = "https://github.com/OWNER/mcp-rl"' in cell
-    assert 'find_spec("mcp_rl") is None' in cell  # skipped where mcp_rl is importable (CI)
+            assert version in cell[0].source, f"install cell does not mention {package} {version} (pyproject's pin)"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -130,27 +151,19 @@ def test_one_papermill_parameters_cell_every_name_parsed(name):
     from papermill.inspection import inspect_notebook
 
     nb = load(name)
-    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and tagged[0].cell_type == "code"
-    assigned = {t.id for node in ast.parse(tagged[0].source).body if isinstance(node, ast.Assign)
+    params = tagged(nb, "parameters")
+    assert len(params) == 1 and params[0].cell_type == "code"
+    assigned = {t.id for node in ast.parse(params[0].source).body if isinstance(node, ast.Assign)
                 for t in node.targets}
     assert set(inspect_notebook(str(NB_DIR / name))) == assigned  # papermill can override every one
-
-
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_colab_badge_opens_this_notebook(name):
-    first = load(name).cells[0]
-    assert first.cell_type == "markdown"
-    assert "https://colab.research.google.com/assets/colab-badge.svg" in first.source
-    assert f"colab.research.google.com/github/OWNER/mcp-rl/blob/main/notebooks/{name})" in first.source
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_cells_are_thin_and_explained(name):
     nb = load(name)
     for cell in code_cells(nb):
-        assert len(cell.source.splitlines()) <= MAX_CELL_LINES or "parameters" in cell.metadata.get("tags", []), \
-            cell.source[:80]
+        exempt = {"parameters", "install"} & set(cell.metadata.get("tags", []))
+        assert len(cell.source.splitlines()) <= MAX_CELL_LINES or exempt, cell.source[:80]
     kinds = [c.cell_type for c in nb.cells]
     assert kinds.count("markdown") >= 6 and "code\ncode\ncode\ncode" not in "\n".join(kinds)
 
@@ -161,16 +174,97 @@ def test_keys_are_never_printed(name):
         for node in ast.walk(ast.parse(python_source(cell))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("print", "display"):
                 names = {n.id for a in node.args for n in ast.walk(a) if isinstance(n, ast.Name)}
-                assert "KEY" not in names, cell.source[:120]
+                assert not any(n.endswith("KEY") for n in names), cell.source[:120]
+
+
+
+
+# ---------------------------------------------------------------- the install cell, run as a script
+def fake_repo(tmp_path: Path) -> Path:
+    """A local git repository that looks like an mcp-rl checkout."""
+    repo = tmp_path / "origin"
+    (repo / "mcp_rl").mkdir(parents=True)
+    (repo / "mcp_rl" / "__init__.py").write_text("")
+    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *cmd], cwd=repo, check=True)
+    return repo
+
+
+def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False):
+    """install_cell.py with REPO_URL set, in an empty folder; stand-ins for uv and nvidia-smi log their calls."""
+    bin_dir, work = tmp_path / "bin", tmp_path / "work"
+    bin_dir.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    log = tmp_path / "calls.log"
+    (bin_dir / "uv").write_text(f'#!/bin/sh\necho "$@" >> {log}\n' + ("echo resolver said no; exit 3\n" if uv_fails else ""))
+    if gpu:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho '{gpu}'\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "install.py"
+    script.write_text((NB_DIR / "install_cell.py").read_text().replace('REPO_URL = ""', f'REPO_URL = "{repo_url}"'))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAB_")}
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    if colab:
+        env["COLAB_RELEASE_TAG"] = "test"
+    done = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True)
+    return done, (log.read_text().splitlines() if log.exists() else [])
+
+
+def test_install_without_repo_url_stops_with_a_clear_message(tmp_path):
+    done, _ = run_install(tmp_path)
+    assert done.returncode != 0 and "REPO_URL is empty" in done.stderr
+
+
+def test_install_clones_changes_into_the_checkout_and_installs_nothing_off_colab(tmp_path):
+    done, calls = run_install(tmp_path, str(fake_repo(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert f"checkout: {tmp_path / 'work' / 'mcp-rl'}" in done.stdout and "not on Colab" in done.stdout
+    assert calls == []
+    again, _ = run_install(tmp_path, "/nonexistent")  # a re-run finds the checkout: no clone
+    assert again.returncode == 0 and "git clone" not in again.stdout
+
+
+def test_install_on_a_colab_t4_installs_the_pinned_set_once(tmp_path):
+    import numpy
+
+    repo = str(fake_repo(tmp_path))
+    done, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")
+    assert done.returncode == 0, done.stderr
+    assert "GPU: Tesla T4, 15360 MiB" in done.stdout
+    assert calls[0].split() == ["pip", "install", "--system", "-q", "-e", ".[colab]", f"numpy=={numpy.__version__}",
+                                "pillow==11.3.0", "protobuf==5.29.5"]
+    assert calls[1].split() == ["pip", "install", "--system", "-q", "triton==3.2.0"] and len(calls) == 2
+    again, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")  # after a restart
+    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 2
+
+
+def test_install_on_another_gpu_keeps_torchs_triton(tmp_path):
+    done, calls = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, gpu="NVIDIA L4, 23034 MiB")
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 1 and "triton" not in calls[0]
+
+
+def test_install_failure_stops_the_cell_with_the_command_and_its_output(tmp_path):
+    done, _ = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, gpu="Tesla T4, 15360 MiB", uv_fails=True)
+    assert done.returncode != 0
+    assert "this command failed (exit 3): uv pip install" in done.stderr and "resolver said no" in done.stderr
+    assert not (tmp_path / "work" / "mcp-rl" / ".colab-installed").exists()
+
+
+def test_install_on_colab_without_a_gpu_says_to_switch_the_runtime(tmp_path):
+    done, calls = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True)
+    assert done.returncode != 0 and "Change runtime type" in done.stderr and calls == []
 
 
 # ---------------------------------------------------------------- execution (CPU, embedded model)
-# Sized so each notebook runs in a few minutes on 2 cores (measured: see the closing notes of [notebooks]).
+# Sized so each notebook runs in a few minutes on 2 cores.
 TINY = {"PRESET": "cpu", "MODEL": "smollm2", "STEPS": 1, "GROUPS_PER_STEP": 1, "GROUP_SIZE": 2,
         "EVAL_SCENARIOS": 2, "MAX_TOKENS": 48, "MAX_TURNS": 3, "LLM_SCENARIOS": 0}
 RUNS = {
     "01_train_sql_agent.ipynb": {**TINY, "WARM_START": 4, "MAX_TURNS": 6},  # a demonstration takes ~5 turns
-    "02_bring_your_own_server.ipynb": {**TINY, "TOOL_PREFIX": True, "MAX_TURNS": 2,
+    "02_bring_your_own_server.ipynb": {**TINY, "TOOL_PREFIX": True, "MAX_TURNS": 2, "TRAIN_SCENARIOS": 4,
                                        "SERVER": f"{sys.executable} -m mcp_server_time"},
 }
 
@@ -189,28 +283,80 @@ def venv_kernel(tmp_path, monkeypatch):
     return "python3"
 
 
+def cell_text(cell) -> str:
+    return "\n".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+
+
 def stream_text(nb) -> str:
-    return "\n".join(o.get("text", "") for c in code_cells(nb) for o in c.outputs if o.get("output_type") == "stream")
+    return "\n".join(cell_text(c) for c in code_cells(nb))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path, venv_kernel):
+    """Notebook 01 top to bottom, then its run/train/evaluate cells again in the same kernel, then
+    once more with FRESH_RUN = True: the second pass resumes at the recorded step (base loaded, no
+    step stacked), the fresh one starts at step 0 in a new folder."""
+    from nbclient import NotebookClient
+    from papermill.parameterize import parameterize_notebook
+
+    run = tmp_path / "run"
+    nb = parameterize_notebook(load(NOTEBOOKS[0]), {**RUNS[NOTEBOOKS[0]], "OUT": str(run)})
+    client = NotebookClient(nb, kernel_name=venv_kernel, timeout=300, resources={"metadata": {"path": str(ROOT)}})
+    start = time.monotonic()
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):
+            client.execute_cell(cell, i)
+        first = stream_text(nb)
+        first_state = json.loads((run / "state.json").read_text())
+        # The cells a user re-runs: the run cell, the trainer, base eval, warm start, train, trained eval.
+        again = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
+            k in c.source for k in ("open_run(cfg", "run.trainer()", 'run.evaluate("base"', "run.warm_start(",
+                                    "run.train(", 'run.evaluate("trained"'))]
+        assert len(again) == 6
+        second = []
+        for i in again:
+            client.execute_cell(nb.cells[i], i)
+            second.append(cell_text(nb.cells[i]))
+        second_state = json.loads((run / "state.json").read_text())
+        client.execute_cell(nbformat.v4.new_code_cell("FRESH_RUN = True"), len(nb.cells))
+        third = []
+        for i in again:
+            client.execute_cell(nb.cells[i], i)
+            third.append(cell_text(nb.cells[i]))
+    print(f"tutorial executed three ways in {time.monotonic() - start:.0f} s")
+    assert "No OPENROUTER_API_KEY" in first and "not on Colab" in first
+    assert re.search(r"base: success [\d.]+%", first) and re.search(r"trained: success [\d.]+%", first)
+    assert re.search(r"step 1/1 \| reward", first) and "policy at step 0" in first
+    assert "What changed" in (run / "report.md").read_text() and (run / "eval_bars.png").is_file()
+    assert (run / "merged" / "config.json").is_file()
+    assert first_state["step"] == 1 and first_state["evals"] == {"base": 0, "trained": 1}
+
+    assert "resuming the recorded run at step 1" in second[0]
+    assert "base: evaluated at step 0" in second[2] and "warm start: already done" in second[3]
+    assert "already at step 1 of 1" in second[4] and "trained: evaluated earlier at step 1" in second[5]
+    assert second_state["step"] == 1 and [h["step"] for h in second_state["history"]] == [0, 1]
+    rows = [json.loads(line) for line in (run / "eval_base.jsonl").read_text().splitlines()]
+    assert {r["policy_step"] for r in rows} == {0}  # "base" is the step-0 model
+
+    assert "new run" in third[0] and "step 0" in third[1] and re.search(r"base: success [\d.]+%", third[2])
+    fresh = [d for d in tmp_path.iterdir() if d.name.startswith("run-")]
+    assert len(fresh) == 1 and json.loads((fresh[0] / "state.json").read_text())["step"] == 1
+    assert load(NOTEBOOKS[0]).cells[0].source == nb.cells[0].source  # the committed notebook is untouched
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_on_cpu(name, tmp_path, venv_kernel):
+def test_bring_your_own_server_runs_on_cpu(tmp_path, venv_kernel):
     import papermill
 
     run = tmp_path / "run"
-    start = time.monotonic()
+    name = NOTEBOOKS[1]
     out = papermill.execute_notebook(
         str(NB_DIR / name), str(tmp_path / name), parameters={**RUNS[name], "OUT": str(run)},
         kernel_name=venv_kernel, cwd=str(ROOT), progress_bar=False, execution_timeout=300)
-    print(f"{name} executed in {time.monotonic() - start:.0f} s")
     text = stream_text(out)
-    assert "No OPENROUTER_API_KEY" in text
+    assert "judge: off" in text and "a smoke run" in text
     assert re.search(r"base: success [\d.]+%", text) and re.search(r"trained: success [\d.]+%", text)
-    assert re.search(r"step 1/1 \| reward", text)
-    assert (run / "report.md").is_file() and (run / "eval_bars.png").is_file()
-    assert (run / "final" / "adapter" / "adapter_config.json").is_file()
-    assert (run / "merged" / "config.json").is_file()
-    assert load(name).cells[0].source == out.cells[0].source  # the committed notebook is untouched
-    assert code_cells(load(name))[0].outputs == []
+    assert "your reward (time_from_tool):" in text
+    assert (run / "report.md").is_file() and (run / "merged" / "config.json").is_file()

@@ -12,7 +12,8 @@ import torch
 
 from mcp_rl import pipeline
 from mcp_rl.config import apply_overrides, preset
-from mcp_rl.pipeline import run, step_batch
+from mcp_rl.pipeline import step_batch
+from mcp_rl.runs import run
 from mcp_rl.scenarios import Scenario
 
 

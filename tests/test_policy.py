@@ -247,6 +247,19 @@ async def test_from_art_asks_for_the_newest_name_and_step_every_call(fake_server
     assert policy.step == 5
 
 
+async def test_a_trainer_can_tell_an_art_policy_its_step_before_a_call(fake_server):
+    handler, url = fake_server
+    handler.replies = [(200, TOOL_REPLY)]
+    model = FakeArtModel(url)
+    policy = OpenAIPolicy.from_art(model)
+    model.step, policy.step = 2, 2  # ARTTrainer after an update: no completion has asked ART yet
+    assert policy.step == 2 and handler.requests == []
+    model.step = 3
+    await policy.complete(MESSAGES, TOOLS, max_tokens=16, temperature=1.0)
+    assert policy.step == 3  # a call still refreshes it
+    assert OpenAIPolicy("agent@7", base_url=url).step == 7  # a served name@N is the step itself
+
+
 # ---------------------------------------------------------------- scripted and demonstration policies
 
 

@@ -257,6 +257,18 @@ async def test_openai_policy_against_third_party_server_over_stdio():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+async def test_policy_step_is_the_one_its_first_completion_saw():
+    class LearnsItsStepOnACall:  # as OpenAIPolicy.from_art: the step comes back with the first call
+        name, step = "served", 1
+
+        async def complete(self, messages, tools, **kw):
+            self.step = 2
+            return choice_from_text(tool_call_text(COMPLETE_TOOL_NAME, {"answer": "5"}))
+
+    traj = await rollout(LearnsItsStepOnACall(), toy_server(), TASK)
+    assert traj.metadata["policy_step"] == 2
+
+
 async def test_local_smollm2_rollouts_over_stdio_train_with_art(company_db):
     """The embedded model against mcp_server.py over stdio; ART tokenizes the group with
     assistant masks exactly on the sampled tokens and the sampled logprobs beside them."""

@@ -256,3 +256,40 @@ def test_chunked_logprobs_match_the_full_logits_and_their_gradient():
     full = model(input_ids=ids[:, :-1]).logits[:, -12:].log_softmax(-1).gather(-1, ids[:, -12:, None]).squeeze(-1)
     (grad_full,) = torch.autograd.grad(full.sum(), head.weight)
     assert torch.allclose(chunked, full, atol=1e-5) and torch.allclose(grad_chunked, grad_full, atol=1e-5)
+
+
+# ---- precision: float16 autocast with dynamic loss scaling (what a T4 gets) ------------
+@pytest.mark.parametrize("asked, device, expected", [
+    ("auto", "cpu", "fp32"), ("bf16", "cpu", "bf16"), ("fp16", "cpu", "fp16"), ("fp32", "cpu", "fp32")])
+def test_resolve_precision(asked, device, expected):
+    assert train_mod.resolve_precision(asked, torch.device(device)) == expected
+
+
+def test_an_unknown_precision_is_refused(policy):
+    with pytest.raises(ValueError, match="precision must be one of"):
+        PortableTrainer(policy, precision="fp8")
+
+
+@pytest.mark.slow
+def test_fp16_trains_float32_lora_weights_with_a_loss_scaler(policy):
+    trainer = PortableTrainer(policy, learning_rate=2e-3, precision="fp16")
+    assert trainer.scaler is not None and all(p.dtype == torch.float32 for p in trainer.params)
+    before_good = completion_logprobs(policy.model, policy.tokenizer, GOOD)[1].sum()
+    metrics = trainer.train_step([group(policy)])
+    assert metrics["updated"] == 1 and metrics["skipped_steps"] == 0 and math.isfinite(metrics["loss"])
+    assert completion_logprobs(policy.model, policy.tokenizer, GOOD)[1].sum() > before_good
+
+
+@pytest.mark.slow
+def test_fp16_overflow_skips_the_update_counts_it_and_lowers_the_scale(policy, smollm2, tmp_path):
+    trainer = PortableTrainer(policy, learning_rate=2e-3, precision="fp16")
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 126)  # float16 gradients overflow at once
+    weights = lora_weights(trainer.model)
+    metrics = trainer.train_step([group(policy)])
+    assert metrics["skipped_steps"] == 1 and trainer.scaler.get_scale() < 2.0 ** 126
+    assert all(torch.equal(weights[n], p) for n, p in lora_weights(trainer.model).items())  # nothing applied
+    trainer.save(tmp_path / "ckpt")
+    again = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(smollm2[0]), tokenizer=smollm2[1], step=0),
+                            precision="fp16")
+    again.load(tmp_path / "ckpt")
+    assert again.scaler.get_scale() == trainer.scaler.get_scale() and again.skipped_steps == 1

@@ -1,0 +1,200 @@
+"""A run folder and its committed state: the resume logic the CLI and the notebooks share.
+
+    run = open_run(cfg)                     # a new run, or the recorded one in cfg.out (says which)
+    trainer = await run.trainer()           # model + LoRA at the recorded step (reused in this process)
+    base = await run.evaluate("base", server, test)     # step 0 only; a re-run loads the saved result
+    await run.warm_start(server, train)                  # once per run
+    await run.train(server, train, val)                  # from the recorded step to cfg.train.steps
+    trained = await run.evaluate("trained", server, test)
+    run.report()
+
+Every phase is committed in `<out>/state.json` (written atomically), so re-running a
+cell, restarting the kernel or resuming after a disconnect continues where the run
+stands: "base" is always the step-0 policy, and no step is repeated or stacked
+silently. `open_run(cfg, fresh=True)` starts a new folder beside an existing run instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from . import pipeline
+from .config import Config, to_dict
+from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
+
+# Trainers loaded in this process, by run folder: a notebook cell run twice reuses the model
+# (and, for ART, the vLLM server already on the GPU) instead of loading a second copy.
+_LOADED: dict[str, object] = {}
+
+
+def _state(run_dir: Path) -> dict:
+    path = run_dir / "state.json"
+    if path.exists():
+        import json
+
+        state = json.loads(path.read_text())
+        state.setdefault("evals", {})
+        return state
+    return {"step": 0, "history": [], "phase": "new", "evals": {}}
+
+
+class Run:
+    """One run folder; see the module docstring. Build it with `open_run`."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.dir = cfg, Path(cfg.out)
+        self.state = _state(self.dir)
+        self.results: dict[str, EvalResult] = {}
+        self._trainer = None
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    def _commit(self) -> None:
+        write_json_atomic(self.dir / "state.json", self.state)
+
+    async def trainer(self, trainer=None):
+        """The trainer at the recorded step: built once per process (or `trainer` given), then synced."""
+        key = f"{self.dir.resolve()}|{self.cfg.model}|{self.cfg.train.backend}"
+        trainer = trainer or self._trainer or _LOADED.get(key)
+        if trainer is None:
+            trainer = pipeline.build_trainer(self.cfg)
+            if hasattr(trainer, "register"):  # ART: starts vLLM and Unsloth on the GPU
+                await trainer.register()
+        ckpt = self.dir / "checkpoints" / f"step-{self.step:04d}"
+        synced = getattr(trainer, "_run_dir", None) == key and trainer.step == self.step
+        if self.state["phase"] in ("new", "base_done"):
+            if trainer.step != 0:
+                raise ValueError(f"the run has not trained yet but the trainer is at step {trainer.step}: it is not "
+                                 f"the base model. Build a fresh trainer, or open_run(cfg, fresh=True)")
+        elif ckpt.exists() and not synced:
+            trainer.load(ckpt)
+            print(f"trainer: loaded {ckpt}")
+        elif not synced:
+            raise ValueError(f"{self.dir} records step {self.step} but {ckpt} is missing; "
+                             f"open_run(cfg, fresh=True) starts a new run")
+        trainer._run_dir = key
+        self._trainer = _LOADED[key] = trainer
+        return trainer
+
+    def _need_trainer(self):
+        if self._trainer is None:
+            raise RuntimeError("call `await run.trainer()` first")
+        return self._trainer
+
+    async def evaluate(self, label: str, server, scenarios) -> EvalResult:
+        """Evaluate the current policy as `label`; a result saved for this step is loaded, not redone.
+
+        "base" is the step-0 policy by definition: once the run is past step 0 it is only ever loaded."""
+        trainer = self._need_trainer()
+        saved = self.dir / f"eval_{label}.jsonl"
+        if label == "base" and self.state["phase"] != "new":
+            if not saved.exists():
+                raise ValueError(f"{self.dir} is past the base evaluation (phase {self.state['phase']}) and has no "
+                                 f"saved base result: open_run(cfg, fresh=True) starts again")
+            result = load_eval(self.dir, label)
+            print(f"base: evaluated at step 0 of this run | {result.line()}")
+        elif self.state["evals"].get(label) == trainer.step and saved.exists():
+            result = load_eval(self.dir, label)
+            print(f"{label}: evaluated earlier at step {trainer.step} of this run | {result.line()}")
+        else:
+            result = await pipeline.evaluate_policy(trainer.policy, server, scenarios, self.cfg, label, self.dir)
+            self.state["evals"][label] = trainer.step
+            if label == "base":
+                self.state["phase"] = "base_done"
+            self._commit()
+        self.results[label] = result
+        return result
+
+    async def warm_start(self, server, train) -> dict | None:
+        """The supervised warm start, once per run (before any GRPO step); then checkpoint."""
+        trainer = self._need_trainer()
+        if self.state["phase"] == "new":
+            raise ValueError("evaluate the base model first (`await run.evaluate('base', ...)`), so the "
+                             "comparison has a before")
+        if self.state["phase"] != "base_done":
+            print(f"warm start: already done in this run (phase {self.state['phase']}, step {self.step})")
+            return None
+        rec = None
+        if self.cfg.train.warm_start_scenarios:
+            rec = {"step": 0, "phase": "warm_start", **await pipeline.warm_start(trainer, server, train, self.cfg)}
+            self.state["history"].append(rec)
+        else:
+            print("warm start: none for this config (train.warm_start_scenarios = 0)")
+        self.state["phase"] = "training"
+        pipeline._checkpoint(trainer, self.dir, self.state)
+        return rec
+
+    async def train(self, server, train, val=()) -> dict:
+        """GRPO steps from the recorded step to `cfg.train.steps` (nothing to do once there)."""
+        trainer = self._need_trainer()
+        if self.state["phase"] == "new":
+            raise ValueError("evaluate the base model first (`await run.evaluate('base', ...)`)")
+        if self.state["phase"] == "base_done":
+            await self.warm_start(server, train)
+        if self.step >= self.cfg.train.steps:
+            print(f"train: already at step {self.step} of {self.cfg.train.steps}; raise train.steps to go on")
+        elif self.step:
+            print(f"train: resuming at step {self.step} of {self.cfg.train.steps}")
+        self.state["phase"] = "training"
+        self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, val)
+        return self.state
+
+    def report(self, title: str | None = None) -> Path:
+        results = list(self.results.values())
+        if not results:
+            results = [load_eval(self.dir, label) for label in self.state["evals"]
+                       if (self.dir / f"eval_{label}.jsonl").exists()]
+        return write_report(self.dir, results, self.state["history"], title=title or f"mcp-rl run: {self.cfg.model}")
+
+
+def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True) -> Run:
+    """The run in `cfg.out`: new if the folder is empty, else the recorded one (resume=True) or,
+    with fresh=True, a new sibling folder `<out>-<time>` (cfg.out is updated to it)."""
+    out = Path(cfg.out)
+    holds_run = out.exists() and any(out.iterdir())
+    if holds_run and fresh:
+        out = out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        cfg = dataclasses.replace(cfg, out=str(out))
+        holds_run = False
+    elif holds_run and not resume:
+        raise ValueError(f"{out} already holds a run: pass --resume to continue it, or --out a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    run = Run(cfg)
+    if holds_run and run.state["phase"] != "new":
+        print(f"run {out}: resuming the recorded run at step {run.step} (phase {run.state['phase']}); "
+              f"FRESH_RUN / fresh=True starts a new folder")
+    else:
+        print(f"run {out}: new run")
+    write_json_atomic(out / "config.json", to_dict(cfg))
+    return run
+
+
+async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
+    """The whole pipeline; returns {"base": EvalResult, ["warm_start": ...,] "trained": ..., "report": path}."""
+    r = open_run(cfg, resume=resume)
+    train, val, test = pipeline.load_splits(cfg)
+    print(f"model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, {len(test)} test scenarios",
+          flush=True)
+    trainer = await r.trainer(trainer)
+    async with pipeline.open_server(cfg) as server:
+        await r.evaluate("base", server, test)
+        if r.state["phase"] == "base_done":
+            await r.warm_start(server, train)
+            if cfg.train.warm_start_scenarios and cfg.train.eval_warm_start:
+                await r.evaluate("warm_start", server, test)
+        elif (r.dir / "eval_warm_start.jsonl").exists():
+            r.results["warm_start"] = load_eval(r.dir, "warm_start")
+        await r.train(server, train, val)
+        await r.evaluate("trained", server, test)
+        r.state["phase"] = "done"
+        r._commit()
+    report = r.report()
+    print(f"report: {report}", flush=True)
+    return {**r.results, "report": report, "trainer": trainer}
+
+
+__all__ = ["Run", "open_run", "run"]

@@ -1,0 +1,239 @@
+# %% [markdown]
+# # Bring your own MCP server
+#
+# The tutorial's pipeline, pointed at any MCP server: a stdio command (`uvx mcp-server-time`,
+# `npx -y @scope/server`, `python my_server.py`) or an HTTP URL (`https://host/mcp`). The example is
+# the reference **time** server (`get_current_time`, `convert_time`). You bring:
+#
+# - the server (`SERVER`);
+# - tasks with answers you can check: here, time conversions computed in the notebook;
+# - a reward: the verified answers, the RULER judge (any LLM endpoint, a local one included), and
+#   a reward function you write yourself in step 3;
+# - optionally an LLM that writes more training tasks from the server's tools (any endpoint too).
+#
+# CI runs this notebook on a CPU with the embedded SmolLM2-135M model against
+# `python -m mcp_server_time`. Times on a T4 are estimates; see the tutorial's introduction.
+
+# %% tags=["install"]
+# (the install cell: notebooks/install_cell.py, inlined by notebooks/sync.py)
+
+# %% [markdown]
+# ## Settings
+#
+# **The judge and the task writer** each take a litellm model name, an OpenAI-compatible base URL
+# and the name of the secret holding their key. No key? Point them at a local server: with
+# [Ollama](https://ollama.com) running `qwen2.5:7b` on this machine, set
+# `JUDGE_MODEL = "openai/qwen2.5:7b"`, `JUDGE_BASE_URL = "http://localhost:11434/v1"` and
+# `JUDGE_KEY_SECRET = None` (the same for `GENERATOR_*`, whose model name has no `openai/`
+# prefix); a vLLM server works the same way. Left as below, they use OpenRouter when an
+# `OPENROUTER_API_KEY` exists and are off otherwise.
+#
+# **The server's environment.** A stdio server is a program on this machine: it gets a clean
+# environment (PATH, HOME, locale and the like), not your exported API keys. Pass what it needs
+# in `SERVER_ENV`.
+#
+# `TOOL_PREFIX = True` forces each turn to start with a tool call: an aid for tiny models that
+# never emit one on their own (CI's CPU model).
+
+# %% tags=["parameters"]
+# Parameters (papermill overrides these; CI: the embedded model against python -m mcp_server_time)
+SERVER = "uvx mcp-server-time"        # a stdio command, a .py file, or an http(s)://.../mcp URL (uvx: pip install uv)
+SERVER_ENV = {}                        # environment variables for a stdio server (it inherits none of yours)
+TOKEN_SECRET = None                    # name of a secret holding a bearer token (HTTP servers)
+PRESET = "t4"                          # t4: ART on a Colab T4, cpu: the portable trainer
+MODEL = "Qwen/Qwen2.5-3B-Instruct"     # or smollm2: the embedded CPU model
+TOOL_PREFIX = False                    # force a tool call at the start of each turn (tiny models)
+STEPS = 10
+GROUPS_PER_STEP = 4
+GROUP_SIZE = 6
+TRAIN_SCENARIOS = 60                   # time-conversion tasks to train on
+EVAL_SCENARIOS = 40                    # held-out tasks, the same before and after (below 30: a smoke run)
+MAX_TOKENS = 256
+MAX_TURNS = 4
+CUSTOM_WEIGHT = 0.5                    # weight of your reward function, 0 logs it only
+JUDGE_MODEL = "openrouter/openai/gpt-4.1-mini"   # RULER judge (litellm name); None: no judge
+JUDGE_BASE_URL = None                  # e.g. http://localhost:11434/v1 (Ollama); None: the provider's
+JUDGE_KEY_SECRET = "OPENROUTER_API_KEY"          # secret holding the judge's key; None: no key needed
+GENERATOR_MODEL = "openai/gpt-4.1-mini"          # task writer; None: hand-made tasks only
+GENERATOR_BASE_URL = "https://openrouter.ai/api/v1"
+GENERATOR_KEY_SECRET = "OPENROUTER_API_KEY"
+LLM_SCENARIOS = 20
+OUT = "runs/my-server"
+FRESH_RUN = False
+HF_REPO = None
+SEED = 0
+
+# %%
+# Keys come from Colab secrets (the key icon on the left) or the environment, else a hidden prompt
+# (press Enter to skip). They are never printed, and never written into the notebook or the run folder.
+from mcp_rl import get_secret
+
+JUDGE_KEY = get_secret(JUDGE_KEY_SECRET, prompt=True) if JUDGE_KEY_SECRET else None
+GENERATOR_KEY = get_secret(GENERATOR_KEY_SECRET, prompt=True) if GENERATOR_KEY_SECRET else None
+JUDGE_ON = bool(JUDGE_MODEL and (JUDGE_KEY or JUDGE_BASE_URL))
+GENERATOR_ON = bool(GENERATOR_MODEL and LLM_SCENARIOS and (GENERATOR_KEY or not GENERATOR_KEY_SECRET))
+print(f"judge: {JUDGE_MODEL if JUDGE_ON else 'off (no key or endpoint)'} | "
+      f"task writer: {GENERATOR_MODEL if GENERATOR_ON else 'off'}")
+
+# %% [markdown]
+# ## 1. Connect to the server and look at its tools
+#
+# A stdio command is started once per rollout (each rollout holds one session); an HTTP URL is
+# connected to. `collect_context` reads the tools and resources; for a server that runs SQL it also
+# reads the schema, as in the tutorial.
+
+# %%
+from mcp_rl import ToolSession, collect_context, tools_json
+
+if SERVER.startswith("http"):
+    spec = {"url": SERVER, **({"token": get_secret(TOKEN_SECRET, prompt=True)} if TOKEN_SECRET else {})}
+else:
+    spec = {"command": SERVER, "env": dict(SERVER_ENV)}
+print(await tools_json(spec))
+async with ToolSession(spec) as session:
+    ctx = await collect_context(session)
+print(ctx.as_text()[:1200])
+
+# %% [markdown]
+# ## 2. Tasks
+#
+# Tasks you can check make the before/after comparison mean something. Time zones without
+# daylight saving time give conversions whose answers never change, so the notebook computes
+# them: `TRAIN_SCENARIOS` for training and `EVAL_SCENARIOS` held out (different clock times, so no
+# test question is a training question). With a task writer on, `llm_scenarios` adds training tasks
+# written from the server's tools (tasks naming tools the server lacks are rejected); they have no
+# answer, so RULER and your reward score them.
+
+# %%
+import random
+
+from mcp_rl import Scenario, llm_scenarios
+
+OFFSETS = {"Etc/UTC": 0, "Asia/Tokyo": 540, "Asia/Kolkata": 330, "Asia/Shanghai": 480, "Asia/Dubai": 240,
+           "Asia/Singapore": 480, "Africa/Nairobi": 180, "America/Bogota": -300, "Asia/Kathmandu": 345,
+           "Pacific/Honolulu": -600, "Asia/Jakarta": 420, "America/Lima": -300, "Africa/Lagos": 60}
+
+
+def conversion(rng, split, i) -> Scenario:
+    src, dst = rng.sample(sorted(OFFSETS), 2)
+    minute = rng.randrange(0, 24 * 60, 5) if split == "train" else rng.randrange(1, 24 * 60, 5)  # disjoint times
+    out = (minute - OFFSETS[src] + OFFSETS[dst]) % (24 * 60)
+    task = f"It is {minute // 60:02d}:{minute % 60:02d} in {src}. What time is it in {dst}? Answer as HH:MM."
+    return Scenario(id=f"{split}-{i:03d}", task=task, answer=f"{out // 60:02d}:{out % 60:02d}", split=split)
+
+
+rng = random.Random(SEED)
+train = [conversion(rng, "train", i) for i in range(TRAIN_SCENARIOS)]
+test = [conversion(rng, "test", i) for i in range(EVAL_SCENARIOS)]
+if GENERATOR_ON:
+    try:
+        train += await llm_scenarios(ctx, LLM_SCENARIOS, generator_model=GENERATOR_MODEL, seed=SEED,
+                                     base_url=GENERATOR_BASE_URL, api_key=GENERATOR_KEY)
+    except (RuntimeError, ValueError) as e:
+        train += getattr(e, "scenarios", [])
+        print("LLM task writing stopped:", str(e)[:300])
+print(f"{len(train)} training tasks ({sum(s.answer is None for s in train)} without an answer), {len(test)} held out"
+      + ("  [a smoke run: under 30 held-out tasks, the comparison is noise]" if len(test) < 30 else ""))
+for s in train[:2] + test[:2]:
+    print(f"- {s.task}  ->  {s.answer!r}")
+
+# %% [markdown]
+# ## 3. Your reward function
+#
+# A reward function takes the finished trajectory and its scenario and returns a number.
+# `traj.metadata["answer"]` is the final answer, `traj.messages()` the conversation (tool results
+# have `role == "tool"`), `traj.metrics` the counts (`tool_calls`, `tool_errors`, `completed`...).
+# It joins the built-in components in `RewardConfig.custom` as `(name, fn, weight)`, named after
+# the function: the reward is the weighted sum, a weight of 0 only logs it (`reward/<name>` in the
+# metrics), and an exception in your function scores 0 with the error in `traj.logs`; it never
+# stops training.
+#
+# For the time server: reward an answer that names a time (HH:MM) which a tool actually returned,
+# so the model learns to read times from the tools instead of inventing them. This also scores
+# LLM-written tasks that have no fixed answer.
+
+# %%
+import re
+
+HHMM = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)\b")
+
+
+def time_from_tool(traj, scenario) -> float:
+    """1.0 when the final answer names a time (HH:MM) that appears in a tool result, else 0.0."""
+    answer = str(traj.metadata.get("answer") or "")
+    tool_text = " ".join(str(m.get("content") or "") for m in traj.messages() if m["role"] == "tool")
+    times = [f"{int(h):02d}:{mm}" for h, mm in HHMM.findall(answer)]
+    return float(any(t in tool_text for t in times))
+
+
+MY_REWARD = (time_from_tool.__name__, time_from_tool, CUSTOM_WEIGHT)
+
+# %%
+from mcp_rl import open_run, preset
+
+judge = {"judge_model": JUDGE_MODEL if JUDGE_ON else None, "judge_base_url": JUDGE_BASE_URL,
+         "judge_api_key": JUDGE_KEY}
+cfg = preset(PRESET, model=MODEL, server=str(SERVER), tool_prefix=TOOL_PREFIX, out=OUT,
+             rollout={"max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS},
+             reward={**judge, "custom": [MY_REWARD]},
+             train={"steps": STEPS, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
+                    "warm_start_scenarios": 0, "seed": SEED})
+run = open_run(cfg, fresh=FRESH_RUN)
+cfg, run_dir = run.cfg, run.dir
+print(f"{cfg.model} | {cfg.train.backend} trainer | tool_prefix {cfg.tool_prefix} | judge {cfg.reward.judge_model}")
+
+# %% [markdown]
+# ## 4. Load the model and read one rollout
+#
+# The warm start of the tutorial replays SQL demonstrations, which this server has no use for:
+# on a CPU, `TOOL_PREFIX = True` gives the tiny model its first tool calls instead.
+
+# %%
+from mcp_rl import rollout, score_trajectory, transcript
+
+trainer = await run.trainer()
+traj = await rollout(trainer.policy, spec, test[0], cfg.rollout)
+score_trajectory(traj, test[0], cfg.reward)
+print(transcript(traj))
+print(f"your reward ({MY_REWARD[0]}):", traj.metrics[f"reward/{MY_REWARD[0]}"], "| expected:", test[0].answer)
+
+# %% [markdown]
+# ## 5. Evaluate, train, evaluate again
+#
+# Evaluation uses the held-out tasks; training uses all training tasks, rewarded by the verified
+# answer where there is one, RULER when the judge is on, and your function. As in the tutorial,
+# the run resumes where it stands when the cell runs again.
+
+# %%
+base = await run.evaluate("base", spec, test)
+state = await run.train(spec, train)
+trained = await run.evaluate("trained", spec, test)
+
+# %%
+from IPython.display import Image, Markdown, display
+
+report = run.report(title=f"{cfg.model} on {SERVER}")
+# The plots are shown below as images; their Markdown links only resolve next to the file.
+display(Markdown("\n".join(l for l in report.read_text().splitlines() if not l.startswith("!["))))
+for png in sorted(run_dir.glob("*.png")):
+    display(Image(filename=str(png)))
+
+# %% [markdown]
+# ## 6. Export the agent
+#
+# The LoRA adapter of the last step, merged onto the base model in float16 and saved with its
+# tokenizer to `OUT/merged` (`python -m mcp_rl export --run OUT --merged OUT/merged` from a
+# shell). Set `HF_REPO` to push it to the Hugging Face Hub (private; token from `HF_TOKEN`).
+
+# %%
+from mcp_rl import find_adapter, merge_adapter
+
+merged = merge_adapter(find_adapter(run_dir), run_dir / "merged", base_model=cfg.model, device="cpu")
+print("merged model:", merged)
+if HF_REPO:
+    from huggingface_hub import HfApi
+
+    hub = HfApi(token=get_secret("HF_TOKEN", prompt=True))
+    hub.create_repo(HF_REPO, private=True, exist_ok=True)
+    hub.upload_folder(folder_path=str(merged), repo_id=HF_REPO)
+    print(f"pushed {merged} to https://huggingface.co/{HF_REPO}")

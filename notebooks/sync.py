@@ -1,0 +1,120 @@
+"""Build notebooks/*.ipynb from their percent-format sources (notebooks/NN_*.py, read with jupytext).
+
+    python notebooks/sync.py            # rewrite the .ipynb files (outputs stripped) and README's badges
+    python notebooks/sync.py --check    # exit 1 if a committed notebook or the README differs
+
+Each `NN_name.py` is the readable source of `NN_name.ipynb` (`# %%` starts a code cell,
+`# %% [markdown]` a text cell, `tags=["parameters"]` marks papermill's cell). Two things are
+filled in here, so they live in one place each:
+- the cell tagged "install" becomes notebooks/install_cell.py, with REPO_URL set;
+- the repository URL is pyproject.toml's `[tool.mcp-rl] repository`. When it is set, each
+  notebook and the README get "Open in Colab" badges for it; when it is empty, the README says
+  so instead of showing a badge that points nowhere.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+README_START, README_END = "<!-- colab-badges:start -->", "<!-- colab-badges:end -->"
+NO_REPO = ("Colab badges appear here once the repository URL is set: `[tool.mcp-rl] repository` in "
+           "pyproject.toml, then `python notebooks/sync.py`.")
+TITLES = {"01_train_sql_agent": "Tutorial: train a SQL agent on the company MCP server (free T4: "
+                                "Qwen2.5-3B-Instruct in 4 bits, ART + vLLM 0.9.2)",
+          "02_bring_your_own_server": "Bring your own MCP server (stdio command or HTTP URL), with your "
+                                      "own reward function"}
+
+
+def repository() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]["repository"].strip()
+
+
+def colab_url(repo: str, stem: str) -> str:
+    path = re.sub(r"^https?://github\.com/", "", repo).removesuffix(".git").strip("/")
+    return f"https://colab.research.google.com/github/{path}/blob/main/notebooks/{stem}.ipynb"
+
+
+def badge(repo: str, stem: str) -> str:
+    return f"[![Open In Colab]({BADGE})]({colab_url(repo, stem)})"
+
+
+def install_source(repo: str) -> str:
+    text = (HERE / "install_cell.py").read_text().strip()
+    line = 'REPO_URL = ""'
+    if line not in text:
+        raise ValueError(f"notebooks/install_cell.py must contain the line {line!r}")
+    return text.replace(line, f"REPO_URL = \"{repo}\"", 1)
+
+
+def sources() -> list[Path]:
+    return sorted(p for p in HERE.glob("[0-9][0-9]_*.py"))
+
+
+def render(source: Path, repo: str) -> str:
+    nb = jupytext.read(source, fmt="py:percent")
+    stem = source.stem
+    out = nbformat.v4.new_notebook()
+    out.metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        "accelerator": "GPU",  # Colab opens it on a GPU runtime
+        "colab": {"provenance": [], "gpuType": "T4"},
+    }
+    for i, cell in enumerate(nb.cells):
+        tags = list(cell.metadata.get("tags", []))
+        text = install_source(repo) if "install" in tags else cell.source
+        if i == 0 and repo and cell.cell_type == "markdown":
+            title, _, rest = text.partition("\n")
+            text = f"{title}\n\n{badge(repo, stem)}\n{rest}"
+        new = nbformat.v4.new_markdown_cell(text) if cell.cell_type == "markdown" else nbformat.v4.new_code_cell(text)
+        new.id = f"{stem.split('_')[0]}-{i:02d}"  # fixed ids: rebuilding gives the same file
+        if tags:
+            new.metadata["tags"] = tags
+        out.cells.append(new)
+    nbformat.validate(out)
+    return nbformat.writes(out, version=4) + "\n"
+
+
+def readme_block(repo: str) -> str:
+    if not repo:
+        return f"{README_START}\n{NO_REPO}\n{README_END}"
+    lines = [f"{badge(repo, p.stem)} {TITLES.get(p.stem, p.stem)}\n" for p in sources()]
+    return f"{README_START}\n" + "\n".join(lines) + README_END
+
+
+def render_readme(repo: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"README.md needs the lines {README_START} and {README_END} around the badges")
+    return text[:start] + readme_block(repo) + text[end + len(README_END):]
+
+
+def main(argv: list[str]) -> int:
+    repo, stale = repository(), []
+    targets = {src.with_suffix(".ipynb"): render(src, repo) for src in sources()}
+    targets[ROOT / "README.md"] = render_readme(repo)
+    for path, text in targets.items():
+        if "--check" in argv:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        elif not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print("wrote", path.relative_to(ROOT))
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run python notebooks/sync.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
