@@ -26,7 +26,7 @@ NOTEBOOK = ROOT / "notebooks" / "01_train_sql_agent.ipynb"
 PARAMS = {"PRESET": "cpu", "MODEL": "smollm2", "STEPS": 10, "GROUPS_PER_STEP": 4, "GROUP_SIZE": 8,
           "EVAL_SCENARIOS": 48, "WARM_START": 128, "MAX_TOKENS": 128, "MAX_TURNS": 8, "LLM_SCENARIOS": 0,
           "OVERRIDES": ["train.precision=fp16", "rollout.concurrency=32", "policy_batch=32",
-                        "rollout.temperature=0.7", "train.learning_rate=2e-4", "train.warm_start_lr=5e-4",
+                        "rollout.temperature=0.7", "train.learning_rate=1e-4", "train.warm_start_lr=5e-4",
                         "train.micro_batch_size=4", "train.max_seq_len=8192", "train.lora_r=16",
                         "train.lora_alpha=32"]}
 STARTUP = """import torch
@@ -61,7 +61,10 @@ def main() -> int:
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Python 3", "language": "python",
-        "env": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "IPYTHONDIR": str(home / "ipython")}}))
+        "env": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "IPYTHONDIR": str(home / "ipython"),
+                # the GPU machine's own matplotlib cannot load ipykernel's inline backend; the
+                # notebook shows its plots as PNG files, so the file backend is all it needs
+                "MPLBACKEND": "agg"}}))
     os.environ["JUPYTER_PATH"] = str(home / "jupyter")
     target = out / NOTEBOOK.name
     start = time.monotonic()
