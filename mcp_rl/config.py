@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,8 +90,9 @@ def check_episode_fits(rollout: RolloutConfig, train: TrainConfig) -> None:
 
     Such an episode cannot be trained on whole: the portable trainer skips it, ART cuts its end
     (where the answer and so the reward are), vLLM refuses it as a context overflow. An error,
-    not a warning, because most episodes that use every turn are the ones the reward must
-    judge. Tool results (up to rollout.max_result_chars each) come on top, so this is a floor.
+    not a warning: the lost episodes are always the long ones, so training would lean towards
+    short episodes without a sign in the metrics, and the fix is one setting. Tool results (up to
+    rollout.max_result_chars each) come on top, so this is a floor, not a guarantee.
 
     >>> check_episode_fits(RolloutConfig(max_turns=4, max_tokens=384), TrainConfig(max_seq_len=8192))
     """
@@ -199,6 +201,14 @@ def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
     return preset(data.pop("preset", base), **data)
 
 
+def _value(raw: str):
+    """A YAML value, with the floats YAML 1.1 reads as text ("2e-4", "1e3") read as floats."""
+    value = yaml.safe_load(raw)
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return float(value)
+    return value
+
+
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     """`section.field=value` strings (values parsed as YAML: 3, 0.5, true, null, text)."""
     data = to_dict(cfg)
@@ -214,5 +224,5 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
             node = node[part]
         if last not in node:
             raise ValueError(f"override {item!r}: unknown field {last!r}; known: {sorted(node)}")
-        node[last] = yaml.safe_load(raw)
+        node[last] = _value(raw)
     return _build(Config, data, "config")

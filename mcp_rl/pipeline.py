@@ -64,6 +64,7 @@ def build_trainer(cfg: Config):
                              "(warm-start with the portable backend, then train with ART from its adapter)")
         return ARTTrainer(base_model=cfg.model, project=Path(cfg.out).name, learning_rate=t.learning_rate,
                           loss=t.loss, max_seq_length=t.max_seq_len, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
+                          logprob_chunk_size=t.logprob_chunk_size,
                           art_path=str(Path(cfg.out) / ".art"))
     from .local_policy import LocalPolicy, load_local_model
     from .train import PortableTrainer

@@ -213,7 +213,7 @@ async def gather_rollouts(
     each with its own MCP session. Returns one TrajectoryGroup per scenario, in order."""
     cfg = cfg or RolloutConfig()
     gate = asyncio.Semaphore(cfg.concurrency)
-    bar = tqdm(total=len(scenarios) * group_size, desc=desc, leave=False)
+    bar = tqdm(total=len(scenarios) * group_size, desc=desc, leave=True)  # stays: a record of each step
 
     async def one(scenario) -> art.Trajectory:
         async with gate:

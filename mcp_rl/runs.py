@@ -65,7 +65,8 @@ class Run:
             if hasattr(trainer, "register"):  # ART: starts vLLM and Unsloth on the GPU
                 await trainer.register()
         ckpt = self.dir / "checkpoints" / f"step-{self.step:04d}"
-        synced = getattr(trainer, "_run_dir", None) == key and trainer.step == self.step
+        # A trainer counts updates (a step whose groups all tied makes none); the run counts steps.
+        synced = getattr(trainer, "_run_key", None) == key and getattr(trainer, "_run_step", None) == self.step
         if self.state["phase"] in ("new", "base_done"):
             if trainer.step != 0:
                 raise ValueError(f"the run has not trained yet but the trainer is at step {trainer.step}: it is not "
@@ -76,7 +77,7 @@ class Run:
         elif not synced:
             raise ValueError(f"{self.dir} records step {self.step} but {ckpt} is missing; "
                              f"open_run(cfg, fresh=True) starts a new run")
-        trainer._run_dir = key
+        trainer._run_key, trainer._run_step = key, self.step
         self._trainer = _LOADED[key] = trainer
         return trainer
 
@@ -97,12 +98,12 @@ class Run:
                                  f"saved base result: open_run(cfg, fresh=True) starts again")
             result = load_eval(self.dir, label)
             print(f"base: evaluated at step 0 of this run | {result.line()}")
-        elif self.state["evals"].get(label) == trainer.step and saved.exists():
+        elif self.state["evals"].get(label) == self.step and saved.exists():
             result = load_eval(self.dir, label)
-            print(f"{label}: evaluated earlier at step {trainer.step} of this run | {result.line()}")
+            print(f"{label}: evaluated earlier at step {self.step} of this run | {result.line()}")
         else:
             result = await pipeline.evaluate_policy(trainer.policy, server, scenarios, self.cfg, label, self.dir)
-            self.state["evals"][label] = trainer.step
+            self.state["evals"][label] = self.step
             if label == "base":
                 self.state["phase"] = "base_done"
             self._commit()
@@ -141,6 +142,7 @@ class Run:
             print(f"train: resuming at step {self.step} of {self.cfg.train.steps}")
         self.state["phase"] = "training"
         self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, val)
+        trainer._run_step = self.step
         return self.state
 
     def report(self, title: str | None = None) -> Path:

@@ -395,7 +395,7 @@ class PortableTrainer:
             order = trajectories[:]
             rng.shuffle(order)
             nlls = []
-            bar = tqdm(range(0, len(order), batch_size), desc=f"warm start {epoch + 1}/{epochs}", leave=False)
+            bar = tqdm(range(0, len(order), batch_size), desc=f"warm start {epoch + 1}/{epochs}", leave=True)
             for i in bar:
                 nlls.append(self.sft_step(order[i:i + batch_size], learning_rate=learning_rate)["nll"])
                 bar.set_postfix(nll=f"{nlls[-1]:.3f}")

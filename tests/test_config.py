@@ -97,3 +97,13 @@ def test_every_field_has_help():
     for cls in (Config, TrainConfig):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+@pytest.mark.parametrize("raw, expected", [("2e-4", 2e-4), ("1E3", 1000.0), ("0.5", 0.5), ("3", 3)])
+def test_overrides_read_exponent_floats_as_numbers(raw, expected):
+    cfg = apply_overrides(preset("cpu"), [f"train.learning_rate={raw}"])
+    assert cfg.train.learning_rate == expected
+
+
+def test_override_strings_stay_strings():
+    assert apply_overrides(preset("cpu"), ["out=runs/1e5-x"]).out == "runs/1e5-x"

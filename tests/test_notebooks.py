@@ -298,10 +298,11 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
     once more with FRESH_RUN = True: the second pass resumes at the recorded step (base loaded, no
     step stacked), the fresh one starts at step 0 in a new folder."""
     from nbclient import NotebookClient
+    from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     run = tmp_path / "run"
-    nb = parameterize_notebook(load(NOTEBOOKS[0]), {**RUNS[NOTEBOOKS[0]], "OUT": str(run)})
+    nb = parameterize_notebook(load_notebook_node(str(NB_DIR / NOTEBOOKS[0])), {**RUNS[NOTEBOOKS[0]], "OUT": str(run)})
     client = NotebookClient(nb, kernel_name=venv_kernel, timeout=300, resources={"metadata": {"path": str(ROOT)}})
     start = time.monotonic()
     with client.setup_kernel():
@@ -309,17 +310,19 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
             client.execute_cell(cell, i)
         first = stream_text(nb)
         first_state = json.loads((run / "state.json").read_text())
-        # The cells a user re-runs: the run cell, the trainer, base eval, warm start, train, trained eval.
+        # The cells a user re-runs: the run cell, the server (stopped by the last cell), the trainer,
+        # base eval, warm start, train, trained eval.
         again = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
-            k in c.source for k in ("open_run(cfg", "run.trainer()", 'run.evaluate("base"', "run.warm_start(",
-                                    "run.train(", 'run.evaluate("trained"'))]
-        assert len(again) == 6
+            k in c.source for k in ("open_run(cfg", "HttpServer(", "run.trainer()", 'run.evaluate("base"',
+                                    "run.warm_start(", "run.train(", 'run.evaluate("trained"'))]
+        assert len(again) == 7
         second = []
         for i in again:
             client.execute_cell(nb.cells[i], i)
             second.append(cell_text(nb.cells[i]))
         second_state = json.loads((run / "state.json").read_text())
-        client.execute_cell(nbformat.v4.new_code_cell("FRESH_RUN = True"), len(nb.cells))
+        nb.cells.append(nbformat.v4.new_code_cell("FRESH_RUN = True"))
+        client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
         third = []
         for i in again:
             client.execute_cell(nb.cells[i], i)
@@ -333,13 +336,13 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
     assert first_state["step"] == 1 and first_state["evals"] == {"base": 0, "trained": 1}
 
     assert "resuming the recorded run at step 1" in second[0]
-    assert "base: evaluated at step 0" in second[2] and "warm start: already done" in second[3]
-    assert "already at step 1 of 1" in second[4] and "trained: evaluated earlier at step 1" in second[5]
+    assert "base: evaluated at step 0" in second[3] and "warm start: already done" in second[4]
+    assert "already at step 1 of 1" in second[5] and "trained: evaluated earlier at step 1" in second[6]
     assert second_state["step"] == 1 and [h["step"] for h in second_state["history"]] == [0, 1]
     rows = [json.loads(line) for line in (run / "eval_base.jsonl").read_text().splitlines()]
     assert {r["policy_step"] for r in rows} == {0}  # "base" is the step-0 model
 
-    assert "new run" in third[0] and "step 0" in third[1] and re.search(r"base: success [\d.]+%", third[2])
+    assert "new run" in third[0] and "step 0" in third[2] and re.search(r"base: success [\d.]+%", third[3])
     fresh = [d for d in tmp_path.iterdir() if d.name.startswith("run-")]
     assert len(fresh) == 1 and json.loads((fresh[0] / "state.json").read_text())["step"] == 1
     assert load(NOTEBOOKS[0]).cells[0].source == nb.cells[0].source  # the committed notebook is untouched

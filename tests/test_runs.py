@@ -1,0 +1,134 @@
+"""Tests for mcp_rl/runs.py: a run folder's phases are idempotent; "base" is always step 0.
+
+The real loop (company server over HTTP, LocalPolicy, PortableTrainer) on a tiny random Llama
+with SmolLM2's tokenizer, as in tests/test_pipeline.py. Run: pytest tests/test_runs.py
+"""
+
+import json
+
+import pytest
+import torch
+
+from mcp_rl import pipeline
+from mcp_rl.config import apply_overrides, preset
+from mcp_rl.launch import HttpServer, company_server_command
+from mcp_rl.runs import _LOADED, open_run
+
+
+@pytest.fixture(scope="module")
+def build():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
+    from mcp_rl.train import PortableTrainer
+
+    tok = load_local_tokenizer()
+
+    def make(cfg):
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                             bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        return PortableTrainer(LocalPolicy(LlamaForCausalLM(config).eval(), tok, name="tiny"),
+                               learning_rate=1e-3, max_seq_len=4096)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def server():
+    with HttpServer(company_server_command()) as s:
+        yield s.spec
+
+
+def config(out, steps=1):
+    return apply_overrides(preset("cpu", server="company"), [
+        f"out={out}", f"train.steps={steps}", "train.groups_per_step=1", "train.group_size=2",
+        "train.warm_start_scenarios=2", "train.eval_scenarios=2", "rollout.max_turns=6", "rollout.max_tokens=8"])
+
+
+@pytest.fixture
+def built(monkeypatch, build):
+    calls = []
+
+    def counting(cfg):
+        calls.append(cfg.out)
+        return build(cfg)
+
+    monkeypatch.setattr(pipeline, "build_trainer", counting)
+    _LOADED.clear()
+    yield calls
+    _LOADED.clear()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_running_every_phase_twice_resumes_and_never_relabels(tmp_path, server, built, capsys):
+    cfg = config(tmp_path / "run")
+    train, _, test = pipeline.load_splits(cfg)
+    run = open_run(cfg)
+    await run.trainer()
+    await run.evaluate("base", server, test)
+    await run.warm_start(server, train)
+    await run.train(server, train)
+    await run.evaluate("trained", server, test)
+    first = json.loads((tmp_path / "run" / "state.json").read_text())
+    capsys.readouterr()
+
+    again = open_run(cfg)  # a notebook re-run: same process, same folder
+    trainer = await again.trainer()
+    await again.evaluate("base", server, test)
+    assert await again.warm_start(server, train) is None
+    await again.train(server, train)
+    await again.evaluate("trained", server, test)
+    out = capsys.readouterr().out
+    assert "resuming the recorded run at step 1" in out and "base: evaluated at step 0" in out
+    assert "already at step 1 of 1" in out and "trained: evaluated earlier at step 1" in out
+    assert built == [str(tmp_path / "run")]  # the loaded model was reused, not built twice
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["history"] == first["history"] and state["evals"] == {"base": 0, "trained": 1}
+    assert trainer is run._trainer
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_fresh_run_starts_a_new_folder_at_step_0(tmp_path, server, built):
+    cfg = config(tmp_path / "run")
+    _, _, test = pipeline.load_splits(cfg)
+    first = open_run(cfg)
+    await first.trainer()
+    await first.evaluate("base", server, test)
+    fresh = open_run(cfg, fresh=True)
+    assert fresh.dir != first.dir and fresh.dir.name.startswith("run-") and fresh.state["phase"] == "new"
+    await fresh.trainer()
+    assert len(built) == 2  # a new folder gets its own untrained model
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_trained_model_is_never_evaluated_as_base(tmp_path, server, built):
+    cfg = config(tmp_path / "run")
+    run = open_run(cfg)
+    trainer = await run.trainer()
+    trainer.step = 3  # as if ART had resumed a checkpoint behind the run's back
+    with pytest.raises(ValueError, match="not the base model"):
+        await open_run(cfg).trainer(trainer)
+
+
+def test_base_past_step_0_without_a_saved_result_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text(json.dumps({"step": 2, "history": [], "phase": "training", "evals": {}}))
+    run = open_run(config(run_dir))
+    run._trainer = type("T", (), {"step": 2, "policy": None})()
+    import asyncio
+
+    with pytest.raises(ValueError, match="past the base evaluation"):
+        asyncio.run(run.evaluate("base", None, []))
+
+
+def test_an_existing_run_needs_resume_or_fresh(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "state.json").write_text("{}")
+    with pytest.raises(ValueError, match="--resume"):
+        open_run(config(tmp_path / "x"), resume=False)
