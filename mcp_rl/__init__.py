@@ -28,6 +28,8 @@ _NAMES = {
     "pipeline": ["build_trainer", "load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop"],
     "runs": ["Run", "open_run", "run"],
     "export": ["find_adapter", "merge_adapter", "load_with_adapter", "recorded_base_model"],
+    "gguf_export": ["write_gguf", "gguf_summary"],
+    "ollama": ["write_modelfile"],
     "keys": ["get_secret"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}

@@ -271,3 +271,24 @@ def test_cli_export_needs_exactly_one_input(tmp_path):
     with pytest.raises(SystemExit) as e:  # the old `--run R --adapter OUT` (write the adapter) is gone
         cli.main(["export", "--run", str(tmp_path), "--adapter", str(tmp_path / "out"), "--merged", str(tmp_path / "m")])
     assert e.value.code == 2
+
+
+def test_cli_export_writes_gguf_and_an_ollama_modelfile(lora, base_dir, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    portable_run(lora, run)
+    assert cli.main(["export", "--run", str(run), "--ollama", str(tmp_path / "ollama"), "--quant", "f16",
+                     "--dtype", "float32", "--name", "sql-agent"]) == 0
+    out = capsys.readouterr().out
+    assert "(temporary)" in out and "ollama create sql-agent -f" in out and "llama f16" in out
+    assert (tmp_path / "ollama" / "Modelfile").read_text().startswith("FROM ./agent.gguf\n")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ollama", gguf_file="agent.gguf", dtype=torch.float32)
+    assert torch.allclose(logits(back), lora.peft, atol=5e-3)  # the GGUF is the merged model
+
+
+def test_cli_export_needs_something_to_write(lora, tmp_path, capsys):
+    run = tmp_path / "run"
+    portable_run(lora, run)
+    assert cli.main(["export", "--run", str(run)]) == 2
+    assert "nothing to write" in capsys.readouterr().err
