@@ -53,11 +53,55 @@ def _vocab(tokenizer, n_vocab: int):
     return tokens, types
 
 
+def _plan(model_dir: Path, cfg, names, quant: str) -> list[tuple]:
+    """(file, hf name, gguf name, shape, numpy dtype, bytes, ggml type) for each tensor, from headers only."""
+    import gguf
+    from safetensors import safe_open
+
+    plan = []
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            for name in f.keys():
+                if name.endswith("rotary_emb.inv_freq") or (
+                        name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False)):
+                    continue  # llama.cpp reuses token_embd when output is absent
+                new = names.get_name(name, try_suffixes=(".weight", ".bias"))
+                if new is None:
+                    raise ValueError(f"no GGUF name for tensor {name!r} of a {cfg.model_type} model")
+                shape = list(f.get_slice(name).get_shape())
+                numel = int(np.prod(shape))
+                if len(shape) == 1:
+                    plan.append((file, name, new, shape, np.float32, numel * 4, None))
+                elif quant == "f16":
+                    plan.append((file, name, new, shape, np.float16, numel * 2, None))
+                else:
+                    q8 = gguf.GGMLQuantizationType.Q8_0
+                    byte_shape = gguf.quants.quant_shape_to_byte_shape(shape, q8)
+                    plan.append((file, name, new, byte_shape, np.uint8, int(np.prod(byte_shape)), q8))
+    return plan
+
+
+def _tensor(file: Path, name: str, new: str, quant: str, n_head: int, n_kv: int, permute: bool) -> np.ndarray:
+    import gguf
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(file, "pt") as f:
+        data = f.get_tensor(name).to(torch.float32).numpy()
+    if permute and name.endswith("q_proj.weight"):
+        data = _permute(data, n_head)
+    elif permute and name.endswith("k_proj.weight"):
+        data = _permute(data, n_kv)
+    if data.ndim == 1:
+        return data.astype(np.float32)
+    if quant == "f16":
+        return data.astype(np.float16)
+    return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+
+
 def write_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, *, quant: str = "f16") -> Path:
     """`model_dir` (a merged HF model + tokenizer) -> one GGUF file, written atomically."""
     import gguf
-    import torch
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
     if quant not in QUANTS:
@@ -103,32 +147,16 @@ def write_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, *, quant: s
         special.add_to_gguf(w)
 
         names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
-        state = {}
-        for f in sorted(model_dir.glob("*.safetensors")):
-            state.update(load_file(f))
-        if getattr(cfg, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # llama.cpp reuses token_embd when output is absent
-        for name, tensor in state.items():
-            if name.endswith("rotary_emb.inv_freq"):
-                continue
-            data = tensor.to(torch.float32).numpy()
-            if permute and name.endswith("q_proj.weight"):
-                data = _permute(data, n_head)
-            elif permute and name.endswith("k_proj.weight"):
-                data = _permute(data, n_kv)
-            new = names.get_name(name, try_suffixes=(".weight", ".bias"))
-            if new is None:
-                raise ValueError(f"no GGUF name for tensor {name!r} of a {cfg.model_type} model")
-            if data.ndim == 1:
-                w.add_tensor(new, data.astype(np.float32))
-            elif quant == "f16":
-                w.add_tensor(new, data.astype(np.float16))
-            else:
-                packed = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-                w.add_tensor(new, packed, raw_shape=packed.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        plan = _plan(model_dir, cfg, names, quant)
+        # Two passes, one tensor in memory at a time (a 3B model would not fit twice in a Colab's
+        # RAM): tensor infos first, then each tensor converted and written in the same order.
+        for _, _, new, data_shape, dtype, nbytes, raw in plan:
+            w.add_tensor_info(new, data_shape, dtype, nbytes, raw_dtype=raw)
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_ti_data_to_file()
+        for file, name, new, *_ in plan:
+            w.write_tensor_data(_tensor(file, name, new, quant, n_head, n_kv, permute))
         w.close()
         os.replace(tmp, out)
     except BaseException:
