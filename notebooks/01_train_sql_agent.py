@@ -262,17 +262,24 @@ print(transcript(ask))
 #
 # The LoRA adapter of the last step is merged onto the base model in float16 (never onto the
 # 4-bit weights the T4 trained on) and saved with its tokenizer and chat template to `OUT/merged`:
-# a Hugging Face model to serve with vLLM or convert with llama.cpp. The same from a shell:
-# `python -m mcp_rl export --run OUT --merged OUT/merged`. Merging the 3B model on Colab runs on
-# the CPU (vLLM holds the GPU) and takes a few minutes and about 7 GB of RAM.
+# a Hugging Face model to serve with vLLM or transformers. `write_gguf` turns it into a GGUF file
+# (8-bit, written with llama.cpp's own `gguf` package) for llama.cpp, LM Studio or Ollama, and
+# `write_modelfile` writes an Ollama Modelfile whose template renders the chat format training
+# used. The same from a shell:
+# `python -m mcp_rl export --run OUT --merged OUT/merged --ollama OUT/ollama`. For the 3B model on
+# Colab the merge runs on the CPU (vLLM holds the GPU): a few minutes and about 7 GB of RAM, then
+# about 3.3 GB of GGUF (estimates, not measured on Colab).
 
 # %%
-from mcp_rl import find_adapter, merge_adapter
+from mcp_rl import find_adapter, merge_adapter, write_gguf, write_modelfile
 
 adapter = find_adapter(run_dir)
 print("adapter of the last step:", adapter)
 merged = merge_adapter(adapter, run_dir / "merged", base_model=cfg.model, device="cpu")
-print("merged model:", merged)
+gguf = write_gguf(merged, run_dir / "ollama" / "agent.gguf", quant="q8_0")
+modelfile = write_modelfile(run_dir / "ollama", gguf, name="sql-agent")
+print(f"merged model: {merged}\nGGUF: {gguf} ({gguf.stat().st_size / 2**20:.0f} MiB)")
+print(f"on a machine with Ollama:\n  ollama create sql-agent -f {modelfile}\n  ollama run sql-agent")
 
 # %% [markdown]
 # Set `HF_REPO` to push the merged model to the Hugging Face Hub (a private repository; the token

@@ -222,8 +222,9 @@ for png in sorted(run_dir.glob("*.png")):
 # ## 6. Export the agent
 #
 # The LoRA adapter of the last step, merged onto the base model in float16 and saved with its
-# tokenizer to `OUT/merged` (`python -m mcp_rl export --run OUT --merged OUT/merged` from a
-# shell). Set `HF_REPO` to push it to the Hugging Face Hub (private; token from `HF_TOKEN`).
+# tokenizer to `OUT/merged` (from a shell: `python -m mcp_rl export --run OUT --merged OUT/merged`;
+# add `--ollama OUT/ollama` for a GGUF and an Ollama Modelfile, as in the tutorial). Set `HF_REPO`
+# to push it to the Hugging Face Hub (private; token from `HF_TOKEN`).
 
 # %%
 from mcp_rl import find_adapter, merge_adapter

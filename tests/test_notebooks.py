@@ -332,7 +332,8 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
     assert re.search(r"base: success [\d.]+%", first) and re.search(r"trained: success [\d.]+%", first)
     assert re.search(r"step 1/1 \| reward", first) and "policy at step 0" in first
     assert "What changed" in (run / "report.md").read_text() and (run / "eval_bars.png").is_file()
-    assert (run / "merged" / "config.json").is_file()
+    assert (run / "merged" / "config.json").is_file() and (run / "ollama" / "Modelfile").is_file()
+    assert "ollama create sql-agent" in first
     assert first_state["step"] == 1 and first_state["evals"] == {"base": 0, "trained": 1}
 
     assert "resuming the recorded run at step 1" in second[0]
