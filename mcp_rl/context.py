@@ -9,7 +9,12 @@ Everything goes through the server's own tools (never a database file), so it
 works for any MCP server that exposes SQL: a tool named like run_query /
 execute_sql, or any tool with a `sql` / `query` argument. Servers without one
 (e.g. mcp-server-time) get tools and resources only. The SQL helpers here
-(`run_sql`, `parse_table`) are also what mcp_rl/grounded.py computes answers with.
+(`run_sql`, `query_table`) are also what mcp_rl/grounded.py computes answers with;
+results are read by mcp_rl/sqlresults.py (JSON, Python-repr rows, pipe/Markdown
+tables, CSV), and a result that is an error in disguise ("Error: ...") counts as
+a refusal. On SQLite the schema comes from sqlite_master and PRAGMA table_info
+(or SELECT ... FROM pragma_table_info for servers that only accept SELECT),
+elsewhere from information_schema.
 """
 
 from __future__ import annotations
@@ -21,10 +26,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcp_rl.sqlresults import TruncatedResult, error_text, number_or_text, parse_table, short
+
 log = logging.getLogger(__name__)
 
 SQL_TOOL_NAMES = ("run_query", "query", "execute_sql", "run_sql", "sql", "execute_query", "read_query")
 SQL_ARG_NAMES = ("sql", "query")
+# A tool named like these changes the database; never pick it to read (mcp-server-sqlite has
+# write_query and create_table, both with a `query` argument, next to read_query).
+_WRITES = re.compile(r"write|insert|update|delete|create|drop|alter|append|modify", re.I)
 _SNAKE = re.compile(r"(?<![\w/.-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/-])")
 _TICKED = re.compile(r"`([A-Za-z_][\w.]*)`")
 _THE_TABLE = re.compile(r"\bthe\s+[`'\"]?([A-Za-z_]\w*)[`'\"]?\s+table\b", re.I)
@@ -156,71 +166,20 @@ def find_sql_tool(tools: list[dict]) -> tuple[str, str] | None:
                 return f["name"], arg(f)
     for f in flat:
         props = f.get("parameters", {}).get("properties", {})
+        if _WRITES.search(f["name"]):
+            continue
         for a in SQL_ARG_NAMES:
             if a in props:
                 return f["name"], a
     return None
 
 
-def _value(cell: str) -> Any:
-    cell = cell.strip()
-    if cell == "NULL":
-        return None
-    for conv in (int, float):
-        try:
-            return conv(cell)
-        except ValueError:
-            pass
-    return cell
-
-
-def parse_table(text: str) -> tuple[list[str], list[list[Any]]]:
-    """(header, rows) from a SQL tool's text result.
-
-    Understands JSON (a list of objects, or {"columns", "rows"}) and pipe tables: the
-    company server's `a | b` / `--+--` / `(N rows)` layout, and Markdown tables. Raises
-    ValueError for anything else, or for a result the server or client cut short.
-    """
-    text = text.strip()
-    if "[truncated" in text:
-        raise ValueError("the SQL result was truncated; query fewer rows (LIMIT/OFFSET) or aggregate")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        data = None
-    if isinstance(data, dict) and "rows" in data:
-        header = list(data.get("columns") or (data["rows"][0].keys() if data["rows"] and isinstance(data["rows"][0], dict) else []))
-        rows = [[r.get(h) for h in header] if isinstance(r, dict) else list(r) for r in data["rows"]]
-        return header, rows
-    if isinstance(data, list) and all(isinstance(r, dict) for r in data):
-        header = list(data[0]) if data else []
-        return header, [[r.get(h) for h in header] for r in data]
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if len(lines) < 2 or not re.fullmatch(r"\|?[\s:|+-]*-[\s:|+-]*\|?", lines[1].strip()):
-        raise ValueError(f"cannot read this SQL result as a table: {text[:200]!r}")
-    def cells(line: str) -> list[str]:
-        line = line.strip()
-        if line.startswith("|") and line.endswith("|"):  # Markdown
-            line = line[1:-1]
-        return [c.strip() for c in line.split("|")]
-    header = cells(lines[0])
-    rows = []
-    for line in lines[2:]:
-        if re.fullmatch(r"\(\d+ rows?\)", line.strip()):
-            break
-        row = cells(line)
-        row += [""] * (len(header) - len(row))  # trailing empty cells were right-stripped
-        if len(row) != len(header):
-            raise ValueError(f"row {line[:120]!r} has {len(row)} cells, the header {len(header)}")
-        rows.append([_value(c) for c in row])
-    return header, rows
-
-
 async def query_table(session, sql: str, sql_tool: tuple[str, str] = ("run_query", "sql")):
     """(header, rows) of `sql`, run through the server's own SQL tool; SQLToolError with the server's words."""
     result = await session.call(sql_tool[0], {sql_tool[1]: sql})
-    if result.is_error:
-        raise SQLToolError(f"{sql_tool[0]} refused {sql!r}: {result.text}")
+    if result.is_error or error_text(result.text):
+        # Many servers (mcp-server-sqlite among them) return their errors as ordinary text.
+        raise SQLToolError(f"{sql_tool[0]} refused {short(sql, 200)}: {result.text[:500]}")
     return parse_table(result.text)
 
 
@@ -230,10 +189,17 @@ async def run_sql(session, sql: str, sql_tool: tuple[str, str] = ("run_query", "
 
 
 async def run_sql_all(session, sql: str, sql_tool: tuple[str, str], page: int = 50) -> list[list[Any]]:
-    """All rows of `sql`, fetched in pages so no result is cut by the server's or client's size limits."""
+    """All rows of `sql`, fetched in pages so no result is cut by the server's or client's size limits
+    (a page that still comes back cut is fetched again at half the size)."""
     rows: list[list[Any]] = []
     while True:
-        chunk = await run_sql(session, f"SELECT * FROM ({sql}) LIMIT {page} OFFSET {len(rows)}", sql_tool)
+        try:
+            chunk = await run_sql(session, f"SELECT * FROM ({sql}) LIMIT {page} OFFSET {len(rows)}", sql_tool)
+        except TruncatedResult:
+            if page == 1:
+                raise
+            page //= 2
+            continue
         rows += chunk
         if len(chunk) < page:
             return rows
@@ -243,14 +209,28 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+async def _columns(session, sql_tool, table: str) -> list[tuple[str, str]]:
+    """(name, type) of a SQLite table's columns, by whichever form the server accepts."""
+    # PRAGMA first: servers that guard SQLite with an authorizer (the company server does)
+    # see the table-valued pragma_table_info() as a schema write; servers that accept only
+    # statements starting with SELECT (mcp-server-sqlite) refuse PRAGMA but take the other.
+    last: Exception | None = None
+    for sql in (f"PRAGMA table_info({quote_ident(table)})",
+                "SELECT cid, name, type FROM pragma_table_info('" + table.replace("'", "''") + "')"):
+        try:
+            header, rows = await query_table(session, sql, sql_tool)
+        except (SQLToolError, ValueError) as e:
+            last = e
+            continue
+        n, ty = (header.index("name"), header.index("type")) if {"name", "type"} <= set(header) else (1, 2)
+        return [(r[n], r[ty] or "") for r in rows]
+    raise last
+
+
 async def _schema(session, sql_tool) -> list[Table]:
     try:  # SQLite
         names = [r[0] for r in await run_sql_all(session, "SELECT name FROM sqlite_master WHERE type = 'table' "
                                                           "AND name NOT LIKE 'sqlite_%' ORDER BY name", sql_tool)]
-        # PRAGMA, not pragma_table_info(): servers that guard SQLite with an authorizer
-        # (the company server does) see the table-valued form as a schema write.
-        tables = [Table(n, [(r[1], r[2] or "") for r in await run_sql(session, f"PRAGMA table_info({quote_ident(n)})", sql_tool)])
-                  for n in names]
     except (SQLToolError, ValueError):  # Postgres, MySQL, DuckDB ...
         rows = await run_sql_all(session, "SELECT table_name, column_name, data_type FROM information_schema.columns "
                                           "WHERE table_schema NOT IN ('information_schema', 'pg_catalog') "
@@ -258,8 +238,8 @@ async def _schema(session, sql_tool) -> list[Table]:
         by: dict[str, list] = {}
         for t, c, ty in rows:
             by.setdefault(t, []).append((c, ty or ""))
-        tables = [Table(t, cols) for t, cols in by.items()]
-    return tables
+        return [Table(t, cols) for t, cols in by.items()]
+    return [Table(n, await _columns(session, sql_tool, n)) for n in names]
 
 
 async def collect_context(session, *, sample_rows: int = 3, max_resource_chars: int = 8000) -> ServerContext:
@@ -285,9 +265,14 @@ async def collect_context(session, *, sample_rows: int = 3, max_resource_chars: 
     try:
         ctx.tables = await _schema(session, ctx.sql_tool)
         for t in ctx.tables:
-            t.rows = (await run_sql(session, f"SELECT COUNT(*) FROM {quote_ident(t.name)}", ctx.sql_tool))[0][0]
-            header, rows = await query_table(session, f"SELECT * FROM {quote_ident(t.name)} LIMIT {sample_rows}", ctx.sql_tool)
-            t.samples = [dict(zip(header, r)) for r in rows]
+            n = (await run_sql(session, f"SELECT COUNT(*) FROM {quote_ident(t.name)}", ctx.sql_tool))[0][0]
+            t.rows = number_or_text(n.strip()) if isinstance(n, str) else n
+            try:  # samples are a nicety: one odd value (a '|' inside a text cell) must not hide the schema
+                header, rows = await query_table(session, f"SELECT * FROM {quote_ident(t.name)} LIMIT {sample_rows}",
+                                                 ctx.sql_tool)
+                t.samples = [dict(zip(header, r)) for r in rows]
+            except ValueError as e:
+                log.info("no sample rows for %s: %s", t.name, e)
     except (SQLToolError, ValueError, IndexError) as e:
         # A `query` argument does not make a SQL database (a search tool has one too).
         log.info("%s does not answer SQL (%s); treating the server as non-SQL", ctx.sql_tool[0], e)

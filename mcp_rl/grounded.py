@@ -6,13 +6,16 @@
 Each template has a difficulty (1-5), tags, several phrasings and a reference
 SQL query; its parameters (department names, cities, roles, years, people,
 projects) are read live from the database, and each answer is what the
-reference query returns through the server's own SQL tool (parsed from its text
-result), never a hard-coded value. Instances whose answer would be ambiguous
-(ties for "the highest ...", NULL, empty or over-long lists) are skipped, so
-every answer is checkable. Any SQL server gets the generic templates (row
-counts, distinct values, extremes); the company schema (departments, employees,
-projects) adds the rest. Instances are drawn round-robin across templates in a
-seeded order, so a smaller `n` still covers every kind of question.
+reference query returns through the server's own SQL tool (read by
+mcp_rl/sqlresults.py in whatever format the server answers), never a hard-coded
+value. Instances whose answer would be ambiguous (ties for "the highest ...",
+NULL, empty or over-long lists) are skipped, so every answer is checkable. Any
+SQL server gets the generic templates (row counts, distinct values, extremes);
+a database with the company tables and columns adds the rest. A refused query
+is retried once as `SELECT * FROM (...)` (mcp-server-sqlite, for one, takes only
+statements that start with SELECT), then its template is skipped with a warning.
+Instances are drawn round-robin across templates in a seeded order, so a
+smaller `n` still covers every kind of question.
 """
 
 from __future__ import annotations
@@ -23,13 +26,18 @@ import logging
 import random
 from dataclasses import dataclass
 
-from mcp_rl.context import collect_context, quote_ident, run_sql, run_sql_all
+from mcp_rl.context import SQLToolError, collect_context, quote_ident, run_sql, run_sql_all
 from mcp_rl.scenarios import Scenario, normalize_task
+from mcp_rl.sqlresults import number_or_text
 
 log = logging.getLogger(__name__)
 
 MAX_LIST = 5
 ED = "employees e JOIN departments d ON d.id = e.department_id"
+# The columns company_templates reads; a database with these tables but other columns gets the generic ones only.
+COMPANY = {"departments": set("id name location budget founded_year".split()),
+           "employees": set("id name role hire_date department_id salary bonus remote email manager_id".split()),
+           "projects": set("id name department_id lead_id status priority budget start_date end_date".split())}
 
 
 @dataclass
@@ -61,6 +69,8 @@ def _answer(rows: list[list], shape: str, expect: int | None):
     if len(rows) != 1 or len(rows[0]) != 1 or rows[0][0] is None:
         return None  # "one": several rows means a tie; "scalar": the query was not an aggregate
     v = rows[0][0]
+    if shape == "scalar" and isinstance(v, str):  # an aggregate some server sent as text ("150", "85000.00")
+        v = number_or_text(v.strip())
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
@@ -260,6 +270,17 @@ def _id(template: Template, params: dict) -> str:
     return f"{template.name}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
+async def _reference_rows(session, sql: str, tool) -> tuple[list[list], str]:
+    """Rows of a reference query and the SQL that produced them (wrapped in SELECT if it had to be)."""
+    try:
+        return await run_sql(session, sql, tool), sql
+    except SQLToolError:
+        if sql.lstrip()[:6].upper() == "SELECT":
+            raise
+    wrapped = f"SELECT * FROM ({sql})"
+    return await run_sql(session, wrapped, tool), wrapped
+
+
 async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
     """`n` unique scenarios (fewer, with a warning, if the templates run out) with verified answers."""
     ctx = await collect_context(session)
@@ -268,7 +289,8 @@ async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
                          "this server has none: use the llm generator instead")
     tool = ctx.sql_tool
     templates = generic_templates(ctx)
-    if {"departments", "employees", "projects"} <= {t.name for t in ctx.tables}:
+    columns = {t.name: {c for c, _ in t.columns} for t in ctx.tables}
+    if all(need <= columns.get(name, set()) for name, need in COMPANY.items()):
         templates = await company_templates(session, tool) + templates
     rng = random.Random(seed)
     queues = []
@@ -279,6 +301,7 @@ async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
     rng.shuffle(queues)
     out: list[Scenario] = []
     seen: set[str] = set()
+    refused: set[str] = set()
     while len(out) < n and any(qs for _, qs in queues):
         for t, qs in queues:
             if not qs or len(out) >= n:
@@ -286,9 +309,15 @@ async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
             params = qs.pop()
             task = rng.choice(t.phrasings).format(**params)
             sql = t.sql.format(**params)
-            if normalize_task(task) in seen:
+            if normalize_task(task) in seen or t.name in refused:
                 continue
-            answer = _answer(await run_sql(session, sql, tool), t.shape, params.get("expect"))
+            try:
+                rows, sql = await _reference_rows(session, sql, tool)
+            except SQLToolError as e:
+                log.warning("skipping template %s: the server refused its query (%s)", t.name, e)
+                refused.add(t.name)
+                continue
+            answer = _answer(rows, t.shape, params.get("expect"))
             if answer is None:
                 continue
             seen.add(normalize_task(task))

@@ -6,8 +6,8 @@
                            generator_model="openai/gpt-4.1-mini")  # OpenRouter by default
 
 Two generators. `grounded_scenarios` (mcp_rl/grounded.py) writes questions over a
-SQL server's live schema and computes every answer through the server's own
-`run_query`, so answers are verified. `llm_scenarios` works for any server: it
+SQL server's live schema and computes every answer through the server's own SQL
+tool (`run_query` here, `read_query` in mcp-server-sqlite, ...), so answers are verified. `llm_scenarios` works for any server: it
 asks a generator model (ART's `art.mcp.generate_scenarios`) for tasks, fed with
 the real schema from `collect_context` (mcp_rl/context.py), and keeps only tasks that name no
 invented table, column or tool; their `answer` is None (unverified).

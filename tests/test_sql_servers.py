@@ -1,0 +1,240 @@
+"""Grounded scenarios through SQL servers other than ours (mcp_rl/context.py, grounded.py, sqlresults.py).
+
+    .venv/bin/python -m pytest tests/test_sql_servers.py -q
+
+Two kinds of server, both real MCP servers over a copy of the company database:
+the reference `mcp-server-sqlite` (PyPI) over stdio, which needs `mcp<2` and so
+lives in its own venv, built once and cached under .pytest_cache/ (skipped, with
+the reason, only when it cannot be installed); and small in-memory FastMCP
+servers, one per result format (JSON, rows/columns JSON, nested JSON, Python
+repr, Markdown, CSV), that return errors as plain text and accept only SELECT,
+as many real servers do. Every answer is re-checked by sqlite3 on the copy, and
+the copy must be byte-identical afterwards: nothing is ever written.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from fastmcp import FastMCP
+
+from mcp_rl.connect import ToolSession
+from mcp_rl.context import collect_context, find_sql_tool
+from mcp_rl.grounded import grounded_scenarios
+from mcp_rl.scenarios import Scenario, generate_to_file, load_scenarios
+
+# mcp-server-sqlite 2025.4.25 fails to start on mcp 2 ('Server' object has no attribute 'list_resources').
+SQLITE_SERVER_PACKAGES = ["mcp-server-sqlite==2025.4.25", "mcp>=1.2,<2"]
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="session")
+def sqlite_server_exe(request, tmp_path_factory) -> Path:
+    """bin/mcp-server-sqlite of a venv of its own, cached in .pytest_cache/d/ (about 15 s the first time)."""
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: build it per session
+    root = Path(cache.mkdir("mcp-server-sqlite") if cache else tmp_path_factory.mktemp("mcp-server-sqlite"))
+    venv, stamp = root / "venv", root / "venv" / "mcp-rl-installed.txt"
+    exe = venv / "bin" / "mcp-server-sqlite"
+    want = " ".join(SQLITE_SERVER_PACKAGES) + f" on {sys.version.split()[0]}"
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent test sessions build it once
+        if exe.exists() and stamp.exists() and stamp.read_text() == want:
+            return exe
+        shutil.rmtree(venv, ignore_errors=True)  # venvs cannot be moved, so it is built in place
+        start = time.monotonic()
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
+            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                            *SQLITE_SERVER_PACKAGES], check=True, capture_output=True, text=True, timeout=280)
+        except (subprocess.SubprocessError, OSError) as e:
+            shutil.rmtree(venv, ignore_errors=True)
+            why = (getattr(e, "stderr", None) or str(e)).strip().splitlines()
+            pytest.skip(f"cannot install {' '.join(SQLITE_SERVER_PACKAGES)} into a venv of its own "
+                        f"(needs PyPI or a wheel cache once): {why[-1][:200] if why else type(e).__name__}")
+        stamp.write_text(want)
+        log.warning("built the mcp-server-sqlite venv in %.1f s", time.monotonic() - start)
+    return exe
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def db_copy(company_db, tmp_path):
+    """A private copy of the company database; afterwards it must be byte-identical and alone in its folder."""
+    copy = tmp_path / "db" / "company.db"
+    copy.parent.mkdir()
+    shutil.copyfile(company_db, copy)
+    before = digest(copy)
+    yield copy
+    assert digest(copy) == before, "the server wrote to the database"
+    assert [p.name for p in copy.parent.iterdir()] == ["company.db"]  # no journal or WAL left either
+
+
+def recheck(db: Path, s: Scenario) -> None:
+    """The answer equals what sqlite3 itself returns for the scenario's reference SQL."""
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        rows = conn.execute(s.reference).fetchall()
+    if isinstance(s.answer, list):
+        assert sorted(r[0] for r in rows) == sorted(s.answer), s
+    else:
+        assert len(rows) == 1 and len(rows[0]) == 1, s
+        assert rows[0][0] == (pytest.approx(s.answer) if isinstance(s.answer, float) else s.answer), s
+
+
+class CallLog:
+    """The real session, recording which tools are called."""
+
+    def __init__(self, session):
+        self.session, self.called = session, []
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    async def call(self, name, arguments=None):
+        self.called.append(name)
+        return await self.session.call(name, arguments)
+
+
+def key(scenarios):
+    return [(s.id, s.task, s.answer) for s in scenarios]
+
+
+_OURS: dict = {}
+
+
+async def ours(db: Path, n: int, seed: int) -> list[Scenario]:
+    """What our own server gives (cached: every copy of the database is the same)."""
+    from mcp_server import build_server
+    if (n, seed) not in _OURS:
+        async with ToolSession(build_server(db)) as s:
+            _OURS[n, seed] = await grounded_scenarios(s, n, seed=seed)
+    return _OURS[n, seed]
+
+
+# --- mcp-server-sqlite over stdio ---------------------------------------------------
+
+async def test_mcp_server_sqlite_schema_discovery(sqlite_server_exe, db_copy):
+    async with ToolSession(f"{sqlite_server_exe} --db-path {db_copy}") as s:
+        ctx = await collect_context(s)
+    assert ctx.sql_tool == ("read_query", "query") and ctx.is_sql
+    with closing(sqlite3.connect(f"file:{db_copy}?mode=ro", uri=True)) as conn:
+        conn.row_factory = sqlite3.Row
+        for t in ctx.tables:
+            assert t.columns == [(r["name"], r["type"]) for r in conn.execute(f"PRAGMA table_info({t.name})")]
+            assert t.rows == conn.execute(f"SELECT COUNT(*) FROM {t.name}").fetchone()[0]
+            assert t.samples == [dict(r) for r in conn.execute(f"SELECT * FROM {t.name} LIMIT 3")]
+    assert sorted(t.name for t in ctx.tables) == ["departments", "employees", "projects"]
+
+
+async def test_mcp_server_sqlite_grounded_answers_recheck(sqlite_server_exe, db_copy):
+    start = time.monotonic()
+    async with ToolSession(f"{sqlite_server_exe} --db-path {db_copy}") as s:
+        spy = CallLog(s)
+        got = await grounded_scenarios(spy, 2000, seed=0)  # more than there are: every template instance
+    log.warning("%d grounded scenarios through mcp-server-sqlite in %.1f s", len(got), time.monotonic() - start)
+    assert set(spy.called) == {"read_query"}  # never write_query, create_table or append_insight
+    assert len(got) > 800 and {"dept_best", "top_paid", "table_rows"} <= {s.id.rsplit("-", 1)[0] for s in got}
+    for sc in got:
+        recheck(db_copy, sc)
+    assert key(got) == key(await ours(db_copy, 2000, seed=0))  # the same questions and answers as our server
+
+
+async def test_generate_to_file_against_mcp_server_sqlite(sqlite_server_exe, db_copy, tmp_path):
+    # What `python -m mcp_rl scenarios --server "<venv>/bin/mcp-server-sqlite --db-path copy.db" --generator grounded` runs.
+    written = await generate_to_file(f"{sqlite_server_exe} --db-path {db_copy}", "grounded", 40,
+                                     tmp_path / "s.jsonl", seed=1)
+    assert load_scenarios(tmp_path / "s.jsonl") == written and len(written) == 40
+    for sc in written:
+        recheck(db_copy, sc)
+
+
+# --- in-memory servers answering in each format -----------------------------------
+
+def _dicts(header, rows):
+    return [dict(zip(header, r)) for r in rows]
+
+
+def _markdown(header, rows):
+    cell = lambda v: "" if v is None else str(v)  # noqa: E731 - tabulate's default for NULL
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(":---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
+
+
+def _csv(header, rows):
+    out = io.StringIO()
+    csv.writer(out).writerows([header, *rows])  # csv writes None as an empty cell
+    return out.getvalue()
+
+
+FORMATS = {
+    "json": lambda h, r: json.dumps(_dicts(h, r)),
+    "json-columns": lambda h, r: json.dumps({"columns": h, "rows": r, "row_count": len(r)}),
+    "json-nested": lambda h, r: json.dumps({"success": True, "result": _dicts(h, r)}),
+    "repr": lambda h, r: str(_dicts(h, r)),
+    "markdown": _markdown,
+    "csv": _csv,
+}
+
+
+def format_server(db: Path, fmt: str, refuse: str = r"^(?!\s*SELECT\b)") -> FastMCP:
+    """A read-only SQL server that answers in `fmt` and, like many, sends errors back as plain results."""
+    mcp = FastMCP(f"sql-{fmt}")
+
+    @mcp.tool
+    def execute_query(query: str) -> str:
+        """Run one SELECT statement on the database."""
+        if re.search(refuse, query, re.I):
+            return "Error: this statement is not allowed"
+        try:
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+                cur = conn.execute(query)
+                return FORMATS[fmt]([d[0] for d in cur.description], cur.fetchall())
+        except sqlite3.Error as e:
+            return f"Database error: {e}"
+    return mcp
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+async def test_grounded_through_a_server_answering_in(fmt, db_copy):
+    async with ToolSession(format_server(db_copy, fmt)) as s:
+        got = await grounded_scenarios(s, 300, seed=5)
+    assert len(got) == 300 and key(got) == key(await ours(db_copy, 300, seed=5))
+    for sc in got:
+        recheck(db_copy, sc)
+
+
+async def test_a_refused_template_is_skipped_with_a_warning(db_copy, caplog):
+    async with ToolSession(format_server(db_copy, "json", refuse=r"^(?!\s*SELECT\b)|\bWITH\b")) as s:
+        with caplog.at_level(logging.WARNING, logger="mcp_rl.grounded"):
+            got = await grounded_scenarios(s, 2000, seed=0)
+    assert "skipping template dept_best" in caplog.text
+    expected = [k for k in key(await ours(db_copy, 2000, seed=0)) if not k[0].startswith("dept_best-")]
+    assert key(got) == expected
+
+
+@pytest.mark.parametrize("tools, found", [
+    ([("write_query", "query"), ("read_query", "query")], ("read_query", "query")),
+    ([("write_query", "query"), ("create_table", "query"), ("lookup", "sql")], ("lookup", "sql")),
+    ([("write_query", "query"), ("insert_rows", "sql")], None),
+    ([("search", "query")], ("search", "query")),   # a guess; collect_context then finds it answers no SQL
+])
+def test_find_sql_tool_never_picks_a_write_tool(tools, found):
+    schemas = [{"type": "function", "function": {"name": n, "parameters": {"properties": {a: {"type": "string"}}}}}
+               for n, a in tools]
+    assert find_sql_tool(schemas) == found
