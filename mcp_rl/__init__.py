@@ -30,6 +30,7 @@ _NAMES = {
     "export": ["find_adapter", "merge_adapter", "load_with_adapter", "recorded_base_model"],
     "gguf_export": ["write_gguf", "gguf_summary"],
     "ollama": ["write_modelfile"],
+    "serve": ["openai_app", "serve_policy", "ServerThread"],
     "keys": ["get_secret"],
 }
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}

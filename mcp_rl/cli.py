@@ -5,6 +5,7 @@
     python -m mcp_rl rollout --server mcp_server.py --model smollm2 --task "How many employees are there?"
     python -m mcp_rl eval --server company --scenarios data/scenarios.jsonl [--model smollm2] [--adapter RUN|DIR]
     python -m mcp_rl train --preset cpu|t4 [--config FILE] [--out DIR] [--resume] [--set train.steps=5]
+    python -m mcp_rl serve --model smollm2 --adapter runs/demo --port 8000
     python -m mcp_rl demo          # the whole pipeline on the embedded CPU model, no key, no download
     python -m mcp_rl export --run runs/demo --merged DIR [--gguf FILE --quant q8_0] [--ollama DIR] [--model BASE] [--dtype auto]
 """
@@ -251,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="weights of the merged model (auto: bf16 on a bf16 GPU, fp16 on other GPUs, fp32 without CUDA)")
     sp.set_defaults(fn=cmd_export)
 
+    from .serve import add_serve_parser
+
+    add_serve_parser(sub)  # `serve`: the trained agent as an OpenAI-compatible endpoint
     a = p.parse_args(argv)
     try:
         return a.fn(a)

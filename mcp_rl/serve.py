@@ -3,18 +3,16 @@
     python -m mcp_rl serve --model smollm2 --adapter runs/demo --port 8000
     python -m mcp_rl rollout --server company --base-url http://127.0.0.1:8000/v1 --model demo --task "..."
 
-    with ServerThread(create_app(policy)) as server:     # tests, notebooks: uvicorn in a thread
+    with ServerThread(openai_app(policy)) as server:     # tests, notebooks: uvicorn in a thread
         openai.OpenAI(base_url=server.base_url, api_key="x").models.list()
 
-`GET /v1/models` and `POST /v1/chat/completions` (Starlette + uvicorn) over any policy;
-a `LocalPolicy` batches concurrent requests into one decode. Tools go in as OpenAI tool
-schemas and the reply's Hermes `<tool_call>` blocks come out as `tool_calls`, parsed
-exactly as in training (`policy.find_tool_calls`); a block that does not parse stays in
-`content`, as vLLM's Hermes parser leaves it. `logprobs: true` returns the sampled
-tokens as `token_id:N` (vLLM's `--return-tokens-as-token-ids`), which ART trains on.
-`stream: true` sends the finished turn as one chunk (no token-by-token streaming).
-Sampling options other than temperature and max_tokens (top_p, stop, seed...) are ignored.
-A bad request gets a 4xx with an OpenAI-style error body; nothing a client sends stops the server.
+`GET /v1/models` and `POST /v1/chat/completions` (Starlette + uvicorn) over any policy; a
+`LocalPolicy` batches concurrent requests into one decode. Tools go in as OpenAI schemas; the
+reply's Hermes `<tool_call>` blocks come out as `tool_calls`, parsed as in training
+(`find_tool_calls`); a block that does not parse stays in `content` (as in vLLM's Hermes parser).
+`logprobs: true` gives the sampled tokens as `token_id:N` (vLLM's `--return-tokens-as-token-ids`,
+what ART trains on); `stream: true` sends the finished turn as one chunk; other sampling options
+(top_p, stop, seed...) are ignored. A bad request gets a 4xx with an OpenAI-style error body.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
+from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -40,7 +39,7 @@ from starlette.routing import Route
 from .launch import free_port
 from .policy import ContextOverflow, find_tool_calls
 
-__all__ = ["create_app", "serve", "ServerThread", "add_serve_parser", "HOST"]
+__all__ = ["openai_app", "serve_policy", "ServerThread", "add_serve_parser", "HOST"]
 
 HOST = "127.0.0.1"  # never 0.0.0.0: the endpoint has no auth; put a proxy in front to share it
 log = logging.getLogger(__name__)
@@ -51,41 +50,31 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")  # clients send fields we do not use (user, top_p...)
 
 
-class _Function(_Open):
+class _Named(_Open):  # a tool's or a tool call's "function"
     name: str = Field(min_length=1)
-    parameters: dict | None = None
 
 
 class _Tool(_Open):
     type: Literal["function"]
-    function: _Function
-
-
-class _CallFunction(_Open):
-    name: str = Field(min_length=1)
-    arguments: str | dict
+    function: _Named
 
 
 class _ToolCall(_Open):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: _CallFunction
-
-
-class _TextPart(_Open):
-    type: Literal["text"]
-    text: str
+    function: _Named
 
 
 class _Message(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_TextPart] | None = None
+    content: str | list[dict] | None = None
     tool_calls: list[_ToolCall] | None = None
 
     @model_validator(mode="after")
-    def _has_content(self) -> "_Message":
+    def _text_only(self) -> "_Message":
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError(f"a {self.role} message needs content")
+        if isinstance(self.content, list) and not all(p.get("type") == "text" and isinstance(p.get("text"), str)
+                                                      for p in self.content):
+            raise ValueError('content parts must be {"type": "text", "text": "..."}; images and audio are not served')
         return self
 
 
@@ -122,32 +111,69 @@ def _prose(text: str) -> str | None:
     return _BLOCK.sub(lambda m: "" if find_tool_calls(m.group(0))[0] else m.group(0), text).strip() or None
 
 
-def create_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 << 20,
+def _completion(choice: Any, served: str, logprobs: bool, usage: dict) -> dict:
+    """A ChatCompletion body from the policy's Choice (whose content is the raw Hermes text)."""
+    text = choice.message.content or ""
+    calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",  # unique across a conversation
+              "function": {"name": c.function.name, "arguments": c.function.arguments}}
+             for c in choice.message.tool_calls or []]
+    message = {"role": "assistant", "content": _prose(text) if calls else text} | ({"tool_calls": calls} if calls else {})
+    lps = choice.logprobs.model_dump(mode="json", exclude_none=True) if logprobs and choice.logprobs else None
+    finish = "tool_calls" if calls else (choice.finish_reason or "stop")
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": served, "choices": [{"index": 0, "message": message, "logprobs": lps, "finish_reason": finish}],
+            "usage": usage}
+
+
+def _usage(tokenizer: Any, messages: list[dict], tools: list[dict], choice: Any) -> dict:
+    prompt = completion = 0
+    if tokenizer is not None:  # a policy without a tokenizer (scripted, remote) reports zeros
+        try:
+            prompt = len(tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False))
+        except Exception:  # noqa: BLE001 - usage is a report; never fail a finished turn over it
+            pass
+        lps = choice.logprobs.content if choice.logprobs else None
+        completion = len(lps) if lps else len(tokenizer.encode(choice.message.content or "", add_special_tokens=False))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _stream(out: dict, include_usage: bool) -> StreamingResponse:
+    """The finished completion as server-sent chat.completion.chunk events."""
+    head = {"id": out["id"], "object": "chat.completion.chunk", "created": out["created"], "model": out["model"]}
+    (choice,) = out["choices"]
+    delta = dict(choice["message"])
+    if "tool_calls" in delta:  # chunks index their tool calls
+        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
+    events = [{**head, "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+    events += [{**head, "choices": [], "usage": out["usage"]}] if include_usage else []
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    return StreamingResponse(iter([body]), media_type="text/event-stream")
+
+
+def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 << 20,
                default_max_tokens: int = 512) -> Starlette:
-    """A Starlette app serving `policy` (anything with `async complete(...)`) under `name`."""
-    served, started = name or policy.name, int(time.time())
-    card = {"id": served, "object": "model", "created": started, "owned_by": "mcp-rl"}
-    tokenizer = getattr(policy, "tokenizer", None)
+    """A Starlette app serving `policy` (anything with `async complete(...)`) as model `name`."""
+    served = name or policy.name
+    card = {"id": served, "object": "model", "created": int(time.time()), "owned_by": "mcp-rl"}
+    unknown = f"is not served here; use {served!r} (GET /v1/models)"
 
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [card]})
-
-    async def model(request: Request) -> JSONResponse:
-        if request.path_params["model"] != served:
-            return _error(404, f"model {_short(request.path_params['model'])} is not served here; "
-                          f"this server serves {served!r}", code="model_not_found")
-        return JSONResponse(card)
+        asked = request.path_params.get("model")
+        if asked is None or asked == served:
+            return JSONResponse(card if asked else {"object": "list", "data": [card]})
+        return _error(404, f"model {_short(asked)} {unknown}", code="model_not_found")
 
     async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length", "")
-        too_big = f"the body is over {max_body_bytes} bytes; send a shorter conversation"
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            raise HTTPException(413, too_big)
+        too_big = HTTPException(413, f"the body is over {max_body_bytes} bytes; send a shorter conversation")
+        if int(request.headers.get("content-length", "0")) > max_body_bytes:  # h11 refuses a non-number
+            raise too_big
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > max_body_bytes:
-                raise HTTPException(413, too_big)
+                raise too_big
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -162,79 +188,37 @@ def create_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
         except ValidationError as e:
             return _error(400, _explain(e))
         if req.model != served:
-            return _error(404, f"model {_short(req.model)} is not served here; use {served!r} (GET /v1/models)",
-                          code="model_not_found")
+            return _error(404, f"model {_short(req.model)} {unknown}", code="model_not_found")
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in data["messages"]]
         tools = [] if req.tool_choice == "none" else (data.get("tools") or [])
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
-        temperature = 1.0 if req.temperature is None else req.temperature
         try:
-            choice = await policy.complete(messages, tools, max_tokens=max_tokens, temperature=temperature)
+            choice = await policy.complete(messages, tools, max_tokens=max_tokens,
+                                           temperature=1.0 if req.temperature is None else req.temperature)
         except ContextOverflow as e:  # OpenAIPolicy reads "maximum context length" as ContextOverflow
-            return _error(400, f"this conversation exceeds the model's maximum context length: {e}",
+            return _error(400, f"the conversation exceeds the model's maximum context length: {e}",
                           code="context_length_exceeded")
-        except Exception as e:  # noqa: BLE001 - a template or generation failure fails this request only
-            from jinja2 import TemplateError
-
-            if isinstance(e, TemplateError):
-                return _error(400, f"the chat template cannot render these messages: {e}")
+        except TemplateError as e:
+            return _error(400, f"the chat template cannot render these messages: {e}")
+        except Exception as e:  # noqa: BLE001 - a failed generation fails this request only
             log.exception("generation failed")
             return _error(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
-        text = choice.message.content or ""
-        calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                 for c in choice.message.tool_calls or []]
-        message = {"role": "assistant", "content": _prose(text) if calls else text, **({"tool_calls": calls} if calls else {})}
-        lps = choice.logprobs.model_dump(mode="json", exclude_none=True) if req.logprobs and choice.logprobs else None
-        finish = "tool_calls" if calls else (choice.finish_reason or "stop")
-        out = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-               "model": served, "choices": [{"index": 0, "message": message, "logprobs": lps, "finish_reason": finish}],
-               "usage": _usage(tokenizer, messages, tools, text, choice)}
-        return _stream(out, data) if req.stream else JSONResponse(out)
+        usage = _usage(getattr(policy, "tokenizer", None), messages, tools, choice)
+        out = _completion(choice, served, bool(req.logprobs), usage)
+        return _stream(out, bool((data.get("stream_options") or {}).get("include_usage"))) if req.stream else JSONResponse(out)
 
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         return _error(e.status_code, e.detail if e.status_code != 404 else
                       f"no route {request.url.path}; this server has GET /v1/models and POST /v1/chat/completions")
 
-    return Starlette(routes=[Route("/v1/models", models), Route("/v1/models/{model:path}", model),
+    return Starlette(routes=[Route("/v1/models", models), Route("/v1/models/{model:path}", models),
                              Route("/v1/chat/completions", chat, methods=["POST"])],
                      exception_handlers={HTTPException: http_error})
 
 
-def _usage(tokenizer: Any, messages: list[dict], tools: list[dict], text: str, choice: Any) -> dict:
-    prompt = completion = 0
-    if tokenizer is not None:  # a policy without a tokenizer (scripted, remote) reports zeros
-        try:
-            prompt = len(tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
-        except Exception:  # noqa: BLE001 - usage is a report; never fail a finished turn over it
-            prompt = 0
-        completion = len(choice.logprobs.content) if choice.logprobs and choice.logprobs.content else \
-            len(tokenizer.encode(text, add_special_tokens=False))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _stream(out: dict, data: dict) -> StreamingResponse:
-    """The finished completion as server-sent chat.completion.chunk events."""
-    head = {k: out[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    (choice,) = out["choices"]
-    delta = dict(choice["message"])
-    if "tool_calls" in delta:  # chunks index their tool calls
-        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
-    events = [{**head, "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}]},
-              {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}]}]
-    if (data.get("stream_options") or {}).get("include_usage"):
-        events.append({**head, "choices": [], "usage": out["usage"]})
-    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-    return StreamingResponse(iter([body]), media_type="text/event-stream")
-
-
 class ServerThread:
-    """uvicorn serving `app` on 127.0.0.1 in a daemon thread: `.base_url` (…/v1), `.stop()`.
-
-    The policy's batching worker lives on this thread's event loop: while it serves, do not
-    call the same LocalPolicy from another event loop.
-    """
+    """uvicorn serving `app` on 127.0.0.1 in a daemon thread: `.base_url` (.../v1), `.stop()`. The policy's
+    batching worker then lives on this thread's event loop: do not call it from another loop meanwhile."""
 
     def __init__(self, app: Any, *, port: int | None = None, startup_timeout: float = 30.0):
         import uvicorn
@@ -242,19 +226,16 @@ class ServerThread:
         self.port, self.startup_timeout = port or free_port(), startup_timeout
         self.server = uvicorn.Server(uvicorn.Config(app, host=HOST, port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name=f"mcp-rl-serve-{self.port}", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}/v1"
+        self.base_url = f"http://{HOST}:{self.port}/v1"
 
     def start(self) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + self.startup_timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the server did not start on {HOST}:{self.port}; is the port in use?")
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
+        if not self.server.started:
+            self.stop()
+            raise RuntimeError(f"the server did not start on {HOST}:{self.port}; is the port in use?")
         return self
 
     def stop(self) -> None:
@@ -262,14 +243,13 @@ class ServerThread:
         if self.thread.is_alive():
             self.thread.join(timeout=10)
 
-    def __enter__(self) -> "ServerThread":
-        return self.start()
+    __enter__ = start
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
 
-def serve(policy: Any, *, port: int = 8000, name: str | None = None) -> None:
+def serve_policy(policy: Any, *, port: int = 8000, name: str | None = None) -> None:
     """Serve `policy` on 127.0.0.1:`port` until Ctrl-C (blocking)."""
     import uvicorn
 
@@ -280,7 +260,7 @@ def serve(policy: Any, *, port: int = 8000, name: str | None = None) -> None:
             s.bind((HOST, port))
         except OSError as e:
             raise RuntimeError(f"cannot listen on {HOST}:{port} ({e.strerror}); pass another --port") from e
-    uvicorn.run(create_app(policy, name=name), host=HOST, port=port, log_level="info")
+    uvicorn.run(openai_app(policy, name=name), host=HOST, port=port, log_level="info")
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
@@ -294,14 +274,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
     name = a.name or (Path(a.adapter).resolve().name if a.adapter else base)
     policy = LocalPolicy(model, tokenizer, name=name, tool_prefix=a.tool_prefix, max_batch=a.max_batch)
     print(f"serving {name!r} ({base}{' + ' + a.adapter if a.adapter else ''}) at http://{HOST}:{a.port}/v1 "
-          f"| try: python -m mcp_rl rollout --server company --base-url http://{HOST}:{a.port}/v1 "
-          f"--model {name} --task \"How many employees are there?\"", flush=True)
-    serve(policy, port=a.port, name=name)
+          f"(clients ask for model {name!r})", flush=True)
+    serve_policy(policy, port=a.port, name=name)
     return 0
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """The `serve` subcommand, for cli.main's `add_subparsers()`; sets `fn=cmd_serve`."""
+    """The `serve` subcommand on cli.main's subparsers; sets `fn=cmd_serve`."""
     sp = subparsers.add_parser("serve", help="serve a model (+ LoRA) as an OpenAI-compatible endpoint on 127.0.0.1",
                                description="OpenAI-compatible /v1/models and /v1/chat/completions (tools in, "
                                "tool_calls out) on 127.0.0.1, for any agent framework or MCP client.")
