@@ -77,7 +77,7 @@ def cmd_rollout(a) -> int:
     from .scenarios import Scenario
 
     policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix)
-    cfg = RolloutConfig(max_turns=a.max_turns, temperature=a.temperature)
+    cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature)
     traj = asyncio.run(_with_server(a.server, a.token, lambda s: rollout(policy, s, Scenario(id="cli", task=a.task), cfg)))
     print(transcript(traj))
     return 1 if traj.metrics.get("fatal") else 0
@@ -90,7 +90,7 @@ def cmd_eval(a) -> int:
 
     scenarios = [s for s in load_scenarios(a.scenarios, split=a.split) if s.answer is not None][: a.n]
     policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix)
-    cfg = RolloutConfig(max_turns=a.max_turns, temperature=a.temperature)
+    cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature)
     label = a.label or ("adapter" if a.adapter else "base")
     result, _ = asyncio.run(_with_server(a.server, a.token, lambda s: evaluate(policy, s, scenarios, label=label, rollout_cfg=cfg, k=a.k)))
     print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%}" if result.pass_at_k is not None else ""))
@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ART's checkpoint folder or a peft adapter folder")
         sp.add_argument("--tool-prefix", action="store_true", help="force the <tool_call> envelope (tiny models)")
         sp.add_argument("--max-turns", type=int, default=8)
+        sp.add_argument("--max-tokens", type=int, default=256, help="new tokens per assistant turn")
         sp.add_argument("--temperature", type=float, default=0.0)
 
     sp = sub.add_parser("tools", help="print a server's tools as OpenAI tool schemas (JSON)")
