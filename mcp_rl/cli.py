@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def _policy(model: str | None, *, base_url: str | None, api_key_env: str | None, adapter: str | None,
-            tool_prefix: bool):
+            tool_prefix: bool, timeout: float = 60.0):
     """An OpenAI-compatible endpoint policy when --base-url is given, else a local transformers one.
 
     --adapter takes a run, checkpoint, ART checkpoint or adapter folder; without --model its base
@@ -29,7 +29,7 @@ def _policy(model: str | None, *, base_url: str | None, api_key_env: str | None,
     if base_url:
         from .policy import OpenAIPolicy
 
-        return OpenAIPolicy(model or "smollm2", base_url=base_url,
+        return OpenAIPolicy(model or "smollm2", base_url=base_url, timeout=timeout,
                             api_key=os.environ.get(api_key_env or "OPENAI_API_KEY", "none"))
     from .export import load_with_adapter, recorded_base_model
     from .local_policy import SMOLLM2, LocalPolicy, load_local_model
@@ -76,7 +76,8 @@ def cmd_rollout(a) -> int:
     from .rollout import RolloutConfig, rollout, transcript
     from .scenarios import Scenario
 
-    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix)
+    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix,
+                     timeout=a.timeout)
     cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature)
     traj = asyncio.run(_with_server(a.server, a.token, lambda s: rollout(policy, s, Scenario(id="cli", task=a.task), cfg)))
     print(transcript(traj))
@@ -89,7 +90,8 @@ def cmd_eval(a) -> int:
     from .scenarios import load_scenarios
 
     scenarios = [s for s in load_scenarios(a.scenarios, split=a.split) if s.answer is not None][: a.n]
-    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix)
+    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix,
+                     timeout=a.timeout)
     cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature)
     label = a.label or ("adapter" if a.adapter else "base")
     result, _ = asyncio.run(_with_server(a.server, a.token, lambda s: evaluate(policy, s, scenarios, label=label, rollout_cfg=cfg, k=a.k)))
@@ -189,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--tool-prefix", action="store_true", help="force the <tool_call> envelope (tiny models)")
         sp.add_argument("--max-turns", type=int, default=8)
         sp.add_argument("--max-tokens", type=int, default=256, help="new tokens per assistant turn")
+        sp.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds per --base-url request (raise it for a local model served on a CPU)")
         sp.add_argument("--temperature", type=float, default=0.0)
 
     sp = sub.add_parser("tools", help="print a server's tools as OpenAI tool schemas (JSON)")

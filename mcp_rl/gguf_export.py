@@ -158,6 +158,7 @@ def write_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, *, quant: s
         for file, name, new, *_ in plan:
             w.write_tensor_data(_tensor(file, name, new, quant, n_head, n_kv, permute))
         w.close()
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; Ollama's server may run as another user
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

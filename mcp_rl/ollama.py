@@ -107,6 +107,7 @@ def write_modelfile(directory: str | os.PathLike, gguf: str | os.PathLike, *, na
     fd, tmp = tempfile.mkstemp(prefix="Modelfile.tmp-", dir=directory)
     with os.fdopen(fd, "w") as f:
         f.write(modelfile(gguf.name, temperature=temperature, num_ctx=num_ctx))
+    os.chmod(tmp, 0o644)
     os.replace(tmp, target)
     (directory / "README.txt").write_text(
         f"ollama create {name} -f {target}\nollama run {name}\n")
