@@ -12,6 +12,11 @@ Run:
 Read-only is enforced by SQLite itself, in three layers: the file is opened
 with ``mode=ro``, ``PRAGMA query_only=ON``, and an authorizer that allows only
 reads. String checks on the SQL would be easy to get around, so there are none.
+Each tool is annotated ``readOnlyHint`` (MCP tool annotations), so clients that guard
+against side effects (mcp_rl's rollouts do) offer them without an opt-in.
+
+Error messages quote what a client sent only as a short prefix (``SAID_CHARS``): a model
+pays in tokens for every character that comes back.
 """
 
 from __future__ import annotations
@@ -44,6 +49,19 @@ _WRITE_ACTIONS = {getattr(sqlite3, n): n.removeprefix("SQLITE_").lower().replace
     "SQLITE_DROP_TEMP_INDEX", "SQLITE_DROP_TEMP_VIEW", "SQLITE_DROP_TEMP_TRIGGER", "SQLITE_DROP_VTABLE",
     "SQLITE_ALTER_TABLE", "SQLITE_REINDEX", "SQLITE_ANALYZE")}
 _HINT = "run_query takes one read-only SQLite statement: SELECT ... or WITH ... SELECT ..."
+SAID_CHARS = 60  # of a name or SQL fragment a client sent, quoted back in an error
+# MCP tool annotations: nothing here writes, a call can be repeated, and the world is one file.
+READ_ONLY = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
+
+
+def said(text: object, limit: int = SAID_CHARS) -> str:
+    """What a client sent, cut for an error message.
+
+    >>> said("staff"), said("x" * 1000, 3)
+    ('staff', 'xxx… (1000 chars)')
+    """
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 class AgentError(ToolError):
@@ -84,7 +102,7 @@ class _Guard:
         elif action == sqlite3.SQLITE_PRAGMA:
             if (arg1 or "").lower() in READ_ONLY_PRAGMAS:
                 return sqlite3.SQLITE_OK
-            self.denied = (f"read-only: PRAGMA {arg1} is not allowed (allowed: "
+            self.denied = (f"read-only: PRAGMA {said(arg1)} is not allowed (allowed: "
                            f"{', '.join(sorted(READ_ONLY_PRAGMAS))}; or use describe_table)")
         elif action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
             # VACUUM (and VACUUM INTO) attach a database internally, so they land here too.
@@ -93,7 +111,7 @@ class _Guard:
             self.denied = "read-only: transactions (BEGIN/COMMIT/SAVEPOINT) are not allowed; each call runs alone"
         else:
             what = _WRITE_ACTIONS.get(action, f"action {action}")
-            target = f" on {arg1}" if arg1 else ""
+            target = f" on {said(arg1)}" if arg1 else ""
             if str(arg1).startswith("sqlite_"):  # CREATE/DROP write SQLite's own catalog tables
                 target = " on the schema"
             self.denied = f"read-only: writes are not allowed ({what}{target}); {_HINT}"
@@ -164,7 +182,7 @@ class CompanyDB:
         tables = self.tables()
         match = {t.lower(): t for t in tables}.get(table_name.strip().strip('"`[]').lower())
         if match is None:
-            raise AgentError(f"no such table: {table_name}; tables are: {', '.join(tables)}")
+            raise AgentError(f"no such table: {said(table_name)}; tables are: {', '.join(tables)}")
         cols = self._meta("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?)", (match,))
         fks = {r[3]: (r[2], r[4]) for r in self._meta("SELECT * FROM pragma_foreign_key_list(?)", (match,))}
         lines = [f"table {match}: {self.count(match)} rows", "columns:"]
@@ -204,23 +222,26 @@ class CompanyDB:
 
     def _explain(self, exc: sqlite3.Error, sql: str, guard: _Guard) -> str:
         """Turn a SQLite error into a message that says what to fix."""
-        msg = str(exc)
+        # SQLite quotes the offending token ('near "...": syntax error', 'no such column: ...'),
+        # which may be most of a 20,000-character statement.
+        full = str(exc)
+        msg = said(full, 2 * SAID_CHARS)
         if guard.timed_out:
             return (f"query took longer than {guard.timeout_s} s and was stopped; add a LIMIT, "
                     "narrow the joins, or give a recursive CTE a stopping condition")
         if guard.denied:
             return guard.denied
-        if "one statement at a time" in msg:
+        if "one statement at a time" in full:
             return "only one statement per call: send each statement in its own run_query call"
-        if "readonly" in msg or "read-only" in msg:
+        if "readonly" in full or "read-only" in full:
             return f"read-only: writes are not allowed; {_HINT}"
-        if msg.startswith("no such table"):
+        if full.startswith("no such table"):
             return f"{msg}; tables are: {', '.join(self.tables())}"
-        if msg.startswith("no such column"):
+        if full.startswith("no such column"):
             tables = self.tables()
             used = [t for t in tables if re.search(rf"\b{t}\b", sql, re.I)] or tables
             return msg + " (" + "; ".join(f"columns of {t}: {', '.join(self.columns(t))}" for t in used) + ")"
-        if "syntax error" in msg or "incomplete input" in msg:
+        if "syntax error" in full or "incomplete input" in full:
             return f"{msg}; {_HINT}"
         return f"SQLite error: {msg}"
 
@@ -271,12 +292,12 @@ def build_server(db_path: str | os.PathLike | None = None, *, timeout_s: float =
         "A read-only SQLite database of a company: departments, employees, projects. "
         "Use list_tables and describe_table to learn the schema, then run_query with one SELECT."))
 
-    @mcp.tool
+    @mcp.tool(annotations=READ_ONLY)
     def list_tables() -> str:
         """List the tables of the company database with their row counts."""
         return "\n".join(f"{t} ({db.count(t)} rows)" for t in db.tables())
 
-    @mcp.tool
+    @mcp.tool(annotations=READ_ONLY)
     def describe_table(table_name: str) -> str:
         """Describe one table: its columns with types, primary and foreign keys, row count and CREATE statement.
 
@@ -285,7 +306,7 @@ def build_server(db_path: str | os.PathLike | None = None, *, timeout_s: float =
         """
         return db.describe(table_name)
 
-    @mcp.tool(description=(
+    @mcp.tool(annotations=READ_ONLY, description=(
         "Run ONE read-only SQLite query (SELECT, or WITH ... SELECT) and return the rows as a text table.\n\n"
         "Joins, GROUP BY, window functions and CTEs work. The result is a header line, one line per row "
         f"(NULL for missing values) and a row count. At most {max_rows} rows come back (more are marked "

@@ -1,8 +1,10 @@
 """mcp-rl: teach a small open LLM, by reinforcement learning, to use an MCP server well.
 
 Pipeline (one module per stage): connect → scenarios → rollout → rewards →
-train → evaluate → export; `runs` strings the stages into a resumable run. Names that need torch (LocalPolicy, PortableTrainer, ...) are
-imported on first use, so `import mcp_rl` stays light for the server-only paths.
+train → evaluate → export; `runs` strings the stages into a resumable run. `guard` decides which
+server tools an agent is offered, `audit` logs every tool call a run makes. Names that need torch
+(LocalPolicy, PortableTrainer, ...) are imported on first use, so `import mcp_rl` stays light for
+the server-only paths.
 """
 
 import os
@@ -13,7 +15,10 @@ from importlib import import_module
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 _NAMES = {
-    "connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai", "tools_json"],
+    "connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai", "tools_json",
+                "tools_table"],
+    "guard": ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "classify_tool", "filter_tools"],
+    "audit": ["log_tool_calls", "read_tool_calls"],
     "scenarios": ["Scenario", "load_scenarios", "save_scenarios", "split_scenarios", "collect_context",
                   "grounded_scenarios", "llm_scenarios", "enrich_tools"],
     "policy": ["Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy", "DemonstrationPolicy"],

@@ -1,6 +1,6 @@
 """Command line: `python -m mcp_rl COMMAND --help`.
 
-    python -m mcp_rl tools --server "python mcp_server.py"
+    python -m mcp_rl tools --server "python mcp_server.py" [--json]   # each tool's side-effect class
     python -m mcp_rl scenarios --server mcp_server.py --generator grounded --n 300 --out data/scenarios.jsonl
     python -m mcp_rl rollout --server mcp_server.py --model smollm2 --task "How many employees are there?"
     python -m mcp_rl eval --server company --scenarios data/scenarios.jsonl [--model smollm2] [--adapter RUN|DIR]
@@ -8,12 +8,17 @@
     python -m mcp_rl serve --model smollm2 --adapter runs/demo --port 8000
     python -m mcp_rl demo          # the whole pipeline on the embedded CPU model, no key, no download
     python -m mcp_rl export --run runs/demo --merged DIR [--gguf FILE --quant q8_0] [--ollama DIR] [--model BASE] [--dtype auto]
+
+Rollouts (rollout, eval, train, demo) offer the agent only read-only tools unless told otherwise:
+--tools a,b (only these, whatever their class), --deny-tools c, --allow-side-effects.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -51,11 +56,25 @@ async def _with_server(spec: str, token: str | None, fn):
     return await fn({"url": spec, "token": token} if token and spec.startswith("http") else spec)
 
 
+def _tool_policy(a):
+    from .guard import ToolPolicy
+
+    return ToolPolicy(allow=a.tools, deny=a.deny_tools or (), allow_side_effects=a.allow_side_effects)
+
+
+async def _check_tools(server, tool_policy) -> None:
+    """Refuse (SideEffectsRefused) before a model is loaded, not after."""
+    from .connect import ToolSession
+
+    async with ToolSession(server, policy=tool_policy):
+        pass
+
+
 def cmd_tools(a) -> int:
-    from .connect import tools_json
+    from .connect import tools_json, tools_table
 
     async def go(server):
-        print(await tools_json(server))
+        print(await (tools_json if a.json else tools_table)(server, _tool_policy(a)))
 
     asyncio.run(_with_server(a.server, a.token, go))
     return 0
@@ -76,30 +95,53 @@ def cmd_rollout(a) -> int:
     from .rollout import RolloutConfig, rollout, transcript
     from .scenarios import Scenario
 
-    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix,
-                     timeout=a.timeout)
-    cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature)
-    traj = asyncio.run(_with_server(a.server, a.token, lambda s: rollout(policy, s, Scenario(id="cli", task=a.task), cfg)))
+    cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature,
+                        tool_policy=_tool_policy(a))
+
+    async def go(server):
+        await _check_tools(server, cfg.tool_policy)
+        policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter,
+                         tool_prefix=a.tool_prefix, timeout=a.timeout)
+        return await rollout(policy, server, Scenario(id="cli", task=a.task), cfg)
+
+    traj = asyncio.run(_with_server(a.server, a.token, go))
     print(transcript(traj))
     return 1 if traj.metrics.get("fatal") else 0
 
 
 def cmd_eval(a) -> int:
+    from .audit import TOOL_CALLS, log_tool_calls
     from .evaluate import evaluate, save_eval, write_report
     from .rollout import RolloutConfig
     from .scenarios import load_scenarios
 
     scenarios = [s for s in load_scenarios(a.scenarios, split=a.split) if s.answer is not None][: a.n]
-    policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter, tool_prefix=a.tool_prefix,
-                     timeout=a.timeout)
-    cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature)
+    cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature,
+                        tool_policy=_tool_policy(a))
     label = a.label or ("adapter" if a.adapter else "base")
-    result, _ = asyncio.run(_with_server(a.server, a.token, lambda s: evaluate(policy, s, scenarios, label=label, rollout_cfg=cfg, k=a.k)))
+
+    async def go(server):
+        await _check_tools(server, cfg.tool_policy)
+        policy = _policy(a.model, base_url=a.base_url, api_key_env=a.api_key_env, adapter=a.adapter,
+                         tool_prefix=a.tool_prefix, timeout=a.timeout)
+        # With --out, every tool call is logged beside the eval rows (and counted in report.md).
+        with log_tool_calls(Path(a.out) / TOOL_CALLS, phase=f"eval {label}") if a.out else contextlib.nullcontext():
+            return await evaluate(policy, server, scenarios, label=label, rollout_cfg=cfg, k=a.k)
+
+    result, _ = asyncio.run(_with_server(a.server, a.token, go))
     print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%}" if result.pass_at_k is not None else ""))
     if a.out:
         save_eval(Path(a.out), result)
         print(f"report: {write_report(a.out, [result], [])}")
     return 0
+
+
+def _with_tool_flags(cfg, a):
+    """--tools / --deny-tools / --allow-side-effects over the config's own settings."""
+    changes = {k: v for k, v in (("server_tools", a.tools), ("deny_tools", a.deny_tools)) if v is not None}
+    if a.allow_side_effects:
+        changes["allow_side_effects"] = True
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def _train_config(a):
@@ -109,7 +151,7 @@ def _train_config(a):
     overrides = list(a.set or [])
     if a.out:
         overrides.append(f"out={a.out}")
-    return apply_overrides(cfg, overrides)
+    return _with_tool_flags(apply_overrides(cfg, overrides), a)
 
 
 def cmd_train(a) -> int:
@@ -125,7 +167,7 @@ def cmd_demo(a) -> int:
 
     out = a.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     t0 = time.monotonic()
-    cfg = apply_overrides(preset("cpu", server="company"), [f"out={out}", *(a.set or [])])
+    cfg = _with_tool_flags(apply_overrides(preset("cpu", server="company"), [f"out={out}", *(a.set or [])]), a)
     res = asyncio.run(run(cfg, resume=a.resume))
     base, trained = res["base"], res["trained"]
     print(f"\ndemo done in {(time.monotonic() - t0) / 60:.1f} min | verified success on {base.n} held-out scenarios: "
@@ -181,6 +223,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="'company' (mcp_server.py over HTTP), a .py file, a shell command, or an http(s) URL")
         sp.add_argument("--token", default=os.environ.get("MCP_RL_TOKEN"), help="bearer token for an HTTP server")
 
+    def tool_args(sp):
+        names = lambda text: [n.strip() for n in text.split(",") if n.strip()]  # noqa: E731
+        sp.add_argument("--tools", type=names, metavar="A,B,...",
+                        help="offer the agent only these server tools (whatever their class)")
+        sp.add_argument("--deny-tools", type=names, metavar="A,B,...", help="never offer these server tools")
+        sp.add_argument("--allow-side-effects", action="store_true",
+                        help="offer tools not annotated read-only (or annotated destructive); refused otherwise")
+
     def model_args(sp):
         sp.add_argument("--model", help="'smollm2' (default), a Hugging Face id/dir, or an endpoint model with --base-url; "
                         "with --adapter, default: the adapter's base model")
@@ -195,8 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per --base-url request (raise it for a local model served on a CPU)")
         sp.add_argument("--temperature", type=float, default=0.0)
 
-    sp = sub.add_parser("tools", help="print a server's tools as OpenAI tool schemas (JSON)")
+    sp = sub.add_parser("tools", help="a server's tools: side-effect class, MCP annotations, whether rollouts offer them")
     server_args(sp)
+    tool_args(sp)
+    sp.add_argument("--json", action="store_true", help="print the offered tools as OpenAI tool schemas (JSON) instead")
     sp.set_defaults(fn=cmd_tools)
 
     sp = sub.add_parser("scenarios", help="generate scenarios (grounded SQL templates or an LLM)")
@@ -213,18 +265,20 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("rollout", help="run one task and print the transcript")
     server_args(sp)
     model_args(sp)
+    tool_args(sp)
     sp.add_argument("--task", required=True)
     sp.set_defaults(fn=cmd_rollout)
 
     sp = sub.add_parser("eval", help="verified success on held-out scenarios")
     server_args(sp, default="company")
     model_args(sp)
+    tool_args(sp)
     sp.add_argument("--scenarios", default="data/scenarios.jsonl")
     sp.add_argument("--split", default="test")
     sp.add_argument("--n", type=int, default=None, help="first N scenarios of the split")
     sp.add_argument("--k", type=int, default=1, help="rollouts per scenario (pass@k)")
     sp.add_argument("--label")
-    sp.add_argument("--out", help="folder for eval rows and report")
+    sp.add_argument("--out", help="folder for eval rows, report and tool-call log")
     sp.set_defaults(fn=cmd_eval)
 
     for name, fn in (("train", cmd_train), ("demo", cmd_demo)):
@@ -235,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--out")
         sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last complete step")
         sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field, e.g. train.steps=5")
+        tool_args(sp)
         sp.set_defaults(fn=fn)
 
     sp = sub.add_parser("export", help="merge a run's LoRA into its base model (portable or ART run)",

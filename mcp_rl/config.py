@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from .art_backend import check_art_settings
+from .guard import ToolPolicy
 from .rewards import RewardConfig
 from .rollout import RolloutConfig
 
@@ -109,6 +110,11 @@ def check_episode_fits(rollout: RolloutConfig, train: TrainConfig) -> None:
 class Config:
     server: str = _f("mcp_server.py", "MCP server: a .py file or shell command (stdio), an http(s) URL, or 'company' (our server, in-process)")
     server_token: str | None = _f(None, "bearer token for an HTTP server (or env MCP_RL_TOKEN)")
+    server_tools: list[str] | None = _f(None, "the only server tools the agent is offered (None: all); naming "
+                                        "tools also allows those with side effects")
+    deny_tools: list[str] = _f([], "server tools the agent is never offered")
+    allow_side_effects: bool = _f(False, "offer tools not annotated read-only (or annotated destructive); "
+                                  "off: a server with such tools is refused unless server_tools names them")
     model: str = _f("smollm2", "policy model: 'smollm2' (embedded, CPU) or a Hugging Face id")
     load_in_4bit: bool = _f(False, "load the model in 4 bits (bitsandbytes/Unsloth; CUDA only)")
     policy_batch: int = _f(8, "local policy: most concurrent requests batched into one generate call (raise on a GPU)")
@@ -125,9 +131,19 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, dict):
                 setattr(self, name, _build(cls, value, name))
+        policy = self.tool_policy()
+        self.server_tools = None if policy.allow is None else list(policy.allow)
+        self.deny_tools = list(policy.deny)
+        # One owner: the rollout section carries the policy these fields make (to_dict leaves it out).
+        self.rollout = dataclasses.replace(self.rollout, tool_policy=policy)
         if self.load_in_4bit and self.model == "smollm2":
             raise ValueError("load_in_4bit needs CUDA and a Hugging Face model; the embedded smollm2 runs unquantised")
         check_episode_fits(self.rollout, self.train)
+
+    def tool_policy(self) -> ToolPolicy:
+        """The ToolPolicy of server_tools, deny_tools and allow_side_effects (see `mcp_rl.guard`)."""
+        return ToolPolicy(allow=self.server_tools, deny=self.deny_tools or (),
+                          allow_side_effects=self.allow_side_effects)
 
 
 def _build(cls, values: dict, where: str):
@@ -172,7 +188,9 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    data = dataclasses.asdict(cfg)
+    data["rollout"].pop("tool_policy", None)  # made from server_tools, deny_tools, allow_side_effects
+    return data
 
 
 def preset(name: str = "cpu", **overrides: Any) -> Config:

@@ -24,6 +24,13 @@ form to give it variables. HTTP and in-process servers are not affected.
     async with ToolSession("python mcp_server.py") as session:
         tools = await session.openai_tools()          # OpenAI function schemas
         result = await session.call("list_tables", {})  # ToolResult, never raises
+    async with ToolSession(spec, policy=ToolPolicy(allow=["list_tables"])) as session:
+        ...  # only list_tables is listed or callable; side-effect tools are refused at open
+
+A session opened with a `ToolPolicy` (`mcp_rl.guard`; rollouts always pass one) checks the
+server's tools when it opens, raising `SideEffectsRefused` for tools with side effects nothing
+allowed, and then lists and calls only the tools its filters admit: a filtered tool is never
+described to the model, and a call to it is answered as an unknown tool.
 
 Show a server's tools from a shell: `python -m mcp_rl tools --server SPEC`.
 Transports, sessions and protocol negotiation are fastmcp's; this module only decides which
@@ -57,6 +64,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
 # Re-exported: `from mcp_rl.connect import mcp_tool_to_openai` predates schemas.py.
+from .guard import READ_ONLY, ToolPolicy, classify_tool, short, tool_hints
 from .schemas import field_of, mcp_tool_to_openai, normalize_schema
 
 log = logging.getLogger(__name__)
@@ -66,7 +74,7 @@ ServerSpec = Union[fastmcp.FastMCP, str, os.PathLike, dict]
 __all__ = [
     "ServerSpec", "ServerUnavailable", "ToolResult", "ToolSession", "make_client", "describe_spec",
     "mcp_tool_to_openai", "normalize_schema", "result_to_text", "print_tools", "tools_json",
-    "stdio_env", "STDIO_ENV_ALLOWLIST",
+    "stdio_env", "STDIO_ENV_ALLOWLIST", "tools_table",
 ]
 
 _DICT_KEYS = {"url", "headers", "token", "command", "args", "env", "env_passthrough", "inherit_env", "cwd"}
@@ -345,8 +353,9 @@ class ToolSession:
 
     def __init__(self, spec: ServerSpec, *, call_timeout: float = 30.0, max_result_chars: int = 4000,
                  token: str | None = None, headers: dict | None = None,
-                 connect_timeout: float = 30.0):
+                 connect_timeout: float = 30.0, policy: ToolPolicy | None = None):
         self.spec, self.call_timeout, self.max_result_chars = spec, call_timeout, max_result_chars
+        self.policy = policy
         self._token, self._headers, self._connect_timeout = token, headers, connect_timeout
         self._client: fastmcp.Client | None = None
         self._stderr = None
@@ -391,6 +400,12 @@ class ToolSession:
             msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             raise ServerUnavailable(f"Could not connect to MCP server {describe_spec(self.spec)}: "
                                     f"{msg}. Check {where}.{tail}") from e
+        if self.policy is not None:
+            try:
+                await self.restrict(self.policy)
+            except BaseException:  # a refused session must not leave a server process behind
+                await self._close_quietly()
+                raise
         return self
 
     async def _close_quietly(self) -> None:
@@ -415,11 +430,23 @@ class ToolSession:
             raise ServerUnavailable(self._dead)
         return self._client
 
-    async def list_tools(self) -> list:
-        """The server's MCP Tool objects (fetched once per session)."""
+    async def all_tools(self) -> list:
+        """Every MCP Tool object the server lists, filters or not (fetched once per session)."""
         if self._tools is None:
             self._tools = list(await self._require().list_tools())
         return self._tools
+
+    async def list_tools(self) -> list:
+        """The server's MCP Tool objects that the session's policy admits (all without one)."""
+        tools = await self.all_tools()
+        return tools if self.policy is None else self.policy.filter(tools)
+
+    async def restrict(self, policy: ToolPolicy) -> None:
+        """Apply `policy` from now on, after checking it against the server's tools: raises
+        ToolPolicyError for a filter naming a tool the server lacks, SideEffectsRefused for tools with
+        side effects that nothing allows. (A session given `policy=` does this when it opens.)"""
+        policy.check(await self.all_tools(), server=describe_spec(self.spec))
+        self.policy, self._openai = policy, None
 
     async def openai_tools(self) -> list[dict]:
         """The server's tools as OpenAI function schemas (computed once per session)."""
@@ -461,19 +488,19 @@ class ToolSession:
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except json.JSONDecodeError as e:
-                return ToolResult(f"Arguments for {name!r} are not valid JSON ({e}); send a JSON "
+                return ToolResult(f"Arguments for {short(name)} are not valid JSON ({e}); send a JSON "
                                   "object.", True, "bad_arguments")
         arguments = {} if arguments is None else arguments
         if not isinstance(arguments, dict):
-            return ToolResult(f"Arguments for {name!r} must be a JSON object, got "
-                              f"{type(arguments).__name__}: {str(arguments)[:200]}", True, "bad_arguments")
+            return ToolResult(f"Arguments for {short(name)} must be a JSON object, got "
+                              f"{type(arguments).__name__}: {short(arguments)}", True, "bad_arguments")
         try:
             tools = await self.list_tools()
         except Exception as e:  # noqa: BLE001
             return self._classify(e, name)
         names = [t.name for t in tools]
         if name not in names:
-            return ToolResult(f"Unknown tool {name!r}. Available tools: {', '.join(names) or '(none)'}.",
+            return ToolResult(f"Unknown tool {short(name)}. Available tools: {', '.join(names) or '(none)'}.",
                               True, "unknown_tool")
         try:
             # The request timeout is fastmcp's; fail_after is a backstop should a transport never answer.
@@ -491,10 +518,10 @@ class ToolSession:
     def _classify(self, e: BaseException, name: str) -> ToolResult:
         timed_out = isinstance(e, MCPError) and e.code == REQUEST_TIMEOUT
         if timed_out or isinstance(e, (TimeoutError, asyncio.TimeoutError)):
-            return ToolResult(f"Tool {name!r} timed out after {self.call_timeout:g}s; try simpler "
+            return ToolResult(f"Tool {short(name)} timed out after {self.call_timeout:g}s; try simpler "
                               "arguments or another tool.", True, "timeout")
         if isinstance(e, MCPError) and e.code != CONNECTION_CLOSED:
-            text = truncate(f"Error calling {name!r}: {e.message}", self.max_result_chars)
+            text = truncate(f"Error calling {short(name)}: {e.message}", self.max_result_chars)
             if _UNKNOWN_TOOL.search(e.message):
                 return ToolResult(text, True, "unknown_tool")
             bad = e.code == INVALID_PARAMS or _BAD_ARGS.search(e.message)
@@ -505,7 +532,7 @@ class ToolSession:
             return self._server_dead(f"{type(e).__name__}: {e}")
         # Anything else failed on our side of a live connection (e.g. the client rejecting
         # structured output that does not match the tool's own output schema).
-        return ToolResult(truncate(f"Error calling {name!r}: {e}", self.max_result_chars), True, "tool_error")
+        return ToolResult(truncate(f"Error calling {short(name)}: {e}", self.max_result_chars), True, "tool_error")
 
 
 def _transport_gone(e: BaseException) -> bool:
@@ -520,10 +547,37 @@ def _transport_gone(e: BaseException) -> bool:
 # ---------------------------------------------------------------- CLI helpers
 
 
-async def tools_json(spec: ServerSpec, **session_kw: Any) -> str:
-    """The server's tools as a JSON list of OpenAI tool schemas (for `mcp_rl tools`)."""
+async def tools_json(spec: ServerSpec, policy: ToolPolicy | None = None, **session_kw: Any) -> str:
+    """The server's tools as a JSON list of OpenAI tool schemas (`mcp_rl tools --json`): those
+    `policy`'s filters admit, all without one (no side-effect check: nothing is called)."""
     async with ToolSession(spec, **session_kw) as session:
+        if policy is not None:
+            session.policy = policy
         return json.dumps(await session.openai_tools(), indent=2, ensure_ascii=False)
+
+
+async def tools_table(spec: ServerSpec, policy: ToolPolicy | None = None, **session_kw: Any) -> str:
+    """Each tool's side-effect class, MCP hints and whether rollouts under `policy` (default:
+    `ToolPolicy()`) offer it, then what rollouts would do: `python -m mcp_rl tools`."""
+    policy = policy or ToolPolicy()
+    async with ToolSession(spec, **session_kw) as session:
+        tools = await session.all_tools()
+    rows = [("tool", "class", "hints (MCP annotations)", "offered")]
+    for t in tools:
+        hints = ", ".join(k.removesuffix("Hint") + ("" if v else "=false") for k, v in tool_hints(t).items())
+        rows.append((t.name, classify_tool(t), hints or "(none)", "yes" if policy.admits(t.name) else "no (filtered)"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{describe_spec(spec)}: {len(tools)} tool{'s' * (len(tools) != 1)}"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[3] for r in rows]
+    try:
+        policy.check(tools, server=describe_spec(spec))
+        offered = policy.filter(tools)
+        risky = [t.name for t in offered if classify_tool(t) != READ_ONLY]
+        lines.append(f"rollouts: offer {len(offered)} tool{'s' * (len(offered) != 1)}" +
+                     (f", with side effects allowed for {', '.join(risky)}" if risky else ", all read-only"))
+    except ValueError as e:
+        lines.append(f"rollouts: refused: {e}")
+    return "\n".join(lines)
 
 
 async def print_tools(spec: ServerSpec, **session_kw: Any) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import art
 
+from .audit import TOOL_CALLS, read_tool_calls, tool_call_table
 from .rewards import RewardConfig, score_trajectory
 from .rollout import RolloutConfig, gather_rollouts, transcript
 
@@ -272,7 +273,8 @@ def _plots(run_dir: Path, results: list[EvalResult], history: list[dict]) -> lis
 
 def write_report(run_dir: str | Path, results: list[EvalResult], history: list[dict], title: str = "mcp-rl run") -> Path:
     """report.md (+ PNG plots) in the run folder; numbers come from the saved rows. With a `base`
-    result and another one (`trained`, else the last), two held-out transcripts side by side."""
+    result and another one (`trained`, else the last), two held-out transcripts side by side;
+    with a tool-call log in the folder, calls per tool."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# {title}", "", "## Held-out evaluation (same scenarios for every model)", "",
@@ -289,6 +291,11 @@ def write_report(run_dir: str | Path, results: list[EvalResult], history: list[d
                 lines.append(f"| {h['step']} | {h['reward_mean']:.3f} | {h.get('success_rate', 0):.1%} | "
                              f"{h.get('groups_trained', 0)} | {h.get('groups_skipped', 0)} | {h.get('loss', float('nan')):.4f} | "
                              f"{h.get('seconds', 0):.0f} |")
+    if calls := read_tool_calls(run_dir / TOOL_CALLS):
+        phases = len({c.get("phase") for c in calls})
+        lines += ["", "## Tool calls", "", f"{len(calls)} calls to the server in {phases} phase{'s' * (phases != 1)} "
+                  f"(evaluations, demonstrations, training steps), from [`{TOOL_CALLS}`]({TOOL_CALLS}).", "",
+                  tool_call_table(calls)]
     try:
         lines += ["", *[f"![{n}]({n})" for n in _plots(run_dir, results, history)]]
     except ImportError:

@@ -20,12 +20,14 @@ import shutil
 import time
 from pathlib import Path
 
+from .audit import log_tool_calls
 from .config import Config
+from .connect import ToolSession
 from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
 from .launch import HttpServer, company_server_command
 from .policy import DemonstrationPolicy
 from .rewards import score_group
-from .rollout import gather_rollouts
+from .rollout import RolloutConfig, gather_rollouts
 from .scenarios import load_scenarios
 
 COMPANY = "company"  # Config.server value: our server, launched over HTTP on a local port
@@ -52,6 +54,18 @@ async def open_server(cfg: Config):
             yield server.spec
     else:
         yield cfg.server
+
+
+def rollout_config(cfg: Config, **changes) -> RolloutConfig:
+    """`cfg.rollout` with the tool policy of cfg's fields now (a Config changed in place included)."""
+    return dataclasses.replace(cfg.rollout, tool_policy=cfg.tool_policy(), **changes)
+
+
+async def check_tools(server, cfg: Config) -> None:
+    """Raise SideEffectsRefused (or ToolPolicyError) now if the server's tools do not fit cfg's
+    tool policy: one session, before a model is loaded or a rollout runs."""
+    async with ToolSession(server, policy=cfg.tool_policy(), call_timeout=cfg.rollout.call_timeout):
+        pass
 
 
 def build_trainer(cfg: Config):
@@ -96,8 +110,9 @@ def load_splits(cfg: Config) -> tuple[list, list, list]:
 
 async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str, run_dir: Path | None = None) -> EvalResult:
     """Verified success of `policy` on `scenarios` (greedy by default); rows saved in run_dir."""
-    rcfg = dataclasses.replace(cfg.rollout, temperature=cfg.train.eval_temperature)
-    result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward)
+    rcfg = rollout_config(cfg, temperature=cfg.train.eval_temperature)
+    with log_tool_calls(phase=f"eval {label}"):  # rows go to the run's log when one is open
+        result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward)
     if run_dir is not None:
         save_eval(Path(run_dir), result)
     _log(result.line())
@@ -109,7 +124,8 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
     each played through the real server (so tool outputs are real)."""
     demos_for = train[: cfg.train.warm_start_scenarios]
     demo_policy = DemonstrationPolicy(demos_for, tokenizer=trainer.policy.tokenizer)
-    groups = await gather_rollouts(demo_policy, server, demos_for, cfg.rollout, desc="demonstrations")
+    with log_tool_calls(phase="demonstrations"):
+        groups = await gather_rollouts(demo_policy, server, demos_for, rollout_config(cfg), desc="demonstrations")
     demos = [t for g in groups for t in g.trajectories if t.metrics.get("completed") and not t.metrics.get("fatal")]
     _log(f"warm start | {len(demos)}/{len(demos_for)} demonstrations completed through the server")
     if not demos:
@@ -139,8 +155,9 @@ def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
 async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
     t0 = time.monotonic()
-    groups = await gather_rollouts(trainer.policy, server, batch, cfg.rollout,
-                                   group_size=cfg.train.group_size, desc=f"step {step + 1}")
+    with log_tool_calls(phase=f"step {step + 1}"):
+        groups = await gather_rollouts(trainer.policy, server, batch, rollout_config(cfg),
+                                       group_size=cfg.train.group_size, desc=f"step {step + 1}")
     scored, skipped = [], []
     for group, scenario in zip(groups, batch):
         g = await score_group(group, scenario, cfg.reward)
@@ -189,4 +206,4 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
 
 
 __all__ = ["load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop", "step_batch",
-           "build_trainer", "open_server"]
+           "build_trainer", "open_server", "rollout_config", "check_tools"]

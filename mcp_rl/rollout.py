@@ -9,6 +9,11 @@ arguments, a tool error) goes back to it as a message it can learn from and is
 counted; only a short list of fatal conditions ends a rollout early, marked
 `fatal` with a reason: the policy endpoint down after retries, a context
 overflow, a dead server, the rollout's own wall-clock limit.
+
+Which server tools the agent sees is `cfg.tool_policy`'s (`mcp_rl.guard.ToolPolicy`; by default
+read-only tools only): a server with tools that have side effects raises `SideEffectsRefused`
+before any rollout runs, not a batch of failed ones. Inside `mcp_rl.audit.log_tool_calls(path)`
+every server tool call is appended to that log.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from typing import Any
 import art
 from tqdm.auto import tqdm
 
+from .audit import record_tool_call
 from .connect import ServerUnavailable, ToolSession
+from .guard import ToolPolicy, ToolPolicyError, short
 from .policy import ContextOverflow, PolicyError, find_tool_calls
 
 COMPLETE_TOOL_NAME = "complete_task"
@@ -59,6 +66,9 @@ class RolloutConfig:
     max_result_chars: int = field(default=3000, metadata={"help": "tool result cap, in characters"})
     timeout: float = field(default=600.0, metadata={"help": "wall-clock limit of one rollout, seconds"})
     concurrency: int = field(default=16, metadata={"help": "rollouts in flight at once"})
+    tool_policy: ToolPolicy | None = field(default=None, metadata={
+        "help": "which server tools the agent is offered (None: ToolPolicy(), read-only tools only); "
+                "a Config sets it from server_tools, deny_tools and allow_side_effects"})
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -69,6 +79,10 @@ class RolloutConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if isinstance(self.tool_policy, dict):
+            self.tool_policy = ToolPolicy(**self.tool_policy)
+        if self.tool_policy is not None and not isinstance(self.tool_policy, ToolPolicy):
+            raise ValueError(f"tool_policy must be a ToolPolicy or None, got {type(self.tool_policy).__name__}")
 
 
 def _new_trajectory(policy, scenario, cfg: RolloutConfig, tools: list[dict]) -> art.Trajectory:
@@ -107,12 +121,13 @@ async def _run_tool_call(session: ToolSession, traj: art.Trajectory, call) -> st
         args: Any = json.loads(call.function.arguments or "{}")
     except json.JSONDecodeError as e:
         m["malformed_calls"] += 1
-        return f"Error: the arguments of {name} are not valid JSON ({e}). Send a JSON object."
+        return f"Error: the arguments of {short(name)} are not valid JSON ({e}). Send a JSON object."
     if not isinstance(args, dict):
         m["malformed_calls"] += 1
-        return f"Error: the arguments of {name} must be a JSON object, got {type(args).__name__}."
+        return f"Error: the arguments of {short(name)} must be a JSON object, got {type(args).__name__}."
     m["tool_calls"] += 1
-    m[f"tool_calls/{name}"] = m.get(f"tool_calls/{name}", 0) + 1
+    key = f"tool_calls/{name[:100]}"  # a model-made name: no 100,000-character metric keys
+    m[key] = m.get(key, 0) + 1
     if name == COMPLETE_TOOL_NAME:
         if "answer" not in args:
             m["tool_errors"] += 1
@@ -120,7 +135,9 @@ async def _run_tool_call(session: ToolSession, traj: art.Trajectory, call) -> st
         traj.metadata["answer"] = str(args["answer"])
         m["completed"] = True
         return None
+    t0 = time.perf_counter()
     result = await session.call(name, args)
+    record_tool_call(traj.metadata["scenario_id"], name, args, result.kind, time.perf_counter() - t0)
     if result.is_error:
         m["tool_errors"] += 1
         if result.kind == "unknown_tool":
@@ -178,23 +195,31 @@ async def rollout(policy, server, scenario, cfg: RolloutConfig | None = None) ->
     """Run one episode of `scenario` with `policy` against `server`.
 
     `server` is a ServerSpec (a session is opened and closed for this rollout) or
-    an open `ToolSession`. Never raises for anything the agent, policy or server
-    does: failures come back as a trajectory with `metrics["fatal"] = True`.
+    an open `ToolSession` (one opened without a policy gets `cfg.tool_policy`). Never raises for
+    anything the agent, policy or server does: failures come back as a trajectory with
+    `metrics["fatal"] = True`. Raises ToolPolicyError (SideEffectsRefused, a ValueError) when
+    the server's tools do not fit `cfg.tool_policy`: that is a setting to fix, not a rollout.
     """
     cfg = cfg or RolloutConfig()
+    tool_policy = cfg.tool_policy or ToolPolicy()
     start = time.monotonic()
     traj = _new_trajectory(policy, scenario, cfg, [COMPLETE_TOOL])
     try:
         async with asyncio.timeout(cfg.timeout):
             if isinstance(server, ToolSession):
+                if server.policy is None:
+                    await server.restrict(tool_policy)
                 traj.tools = [*(await server.openai_tools()), COMPLETE_TOOL]
                 await _loop(policy, server, traj, cfg)
             else:
                 async with ToolSession(
-                    server, call_timeout=cfg.call_timeout, max_result_chars=cfg.max_result_chars
+                    server, call_timeout=cfg.call_timeout, max_result_chars=cfg.max_result_chars,
+                    policy=tool_policy,
                 ) as session:
                     traj.tools = [*(await session.openai_tools()), COMPLETE_TOOL]
                     await _loop(policy, session, traj, cfg)
+    except ToolPolicyError:
+        raise
     except TimeoutError:
         _fatal(traj, f"rollout exceeded its {cfg.timeout:.0f} s limit")
     except ServerUnavailable as e:
@@ -210,7 +235,8 @@ async def gather_rollouts(
     group_size: int = 1, desc: str = "rollouts",
 ) -> list[art.TrajectoryGroup]:
     """`group_size` rollouts of every scenario, at most `cfg.concurrency` in flight,
-    each with its own MCP session. Returns one TrajectoryGroup per scenario, in order."""
+    each with its own MCP session. Returns one TrajectoryGroup per scenario, in order.
+    A ToolPolicyError (the side-effect guard) from the first session stops the rest and is raised."""
     cfg = cfg or RolloutConfig()
     gate = asyncio.Semaphore(cfg.concurrency)
     bar = tqdm(total=len(scenarios) * group_size, desc=desc, leave=True)  # stays: a record of each step
@@ -222,9 +248,15 @@ async def gather_rollouts(
         return traj
 
     try:
-        trajs = await asyncio.gather(*(one(s) for s in scenarios for _ in range(group_size)))
+        # A TaskGroup, not gather: a refused session cancels the rollouts still waiting, so the
+        # guard's message comes once instead of once per rollout.
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(one(s)) for s in scenarios for _ in range(group_size)]
+    except BaseExceptionGroup as eg:  # rollout() raises only ToolPolicyError (and interrupts)
+        raise eg.exceptions[0] from None
     finally:
         bar.close()
+    trajs = [t.result() for t in tasks]
     return [
         art.TrajectoryGroup(trajs[i * group_size:(i + 1) * group_size])
         for i in range(len(scenarios))

@@ -8,6 +8,8 @@
     trained = await run.evaluate("trained", server, test)
     run.report()
 
+Every tool call the run's rollouts make (evaluations, demonstrations, training steps) is appended
+to `<out>/tool_calls.jsonl` (`mcp_rl.audit`); report.md counts them per tool.
 Every phase is committed in `<out>/state.json` (written atomically), so re-running a
 cell, restarting the kernel or resuming after a disconnect continues where the run
 stands: "base" is always the step-0 policy, and no step is repeated or stacked
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from . import pipeline
+from .audit import TOOL_CALLS, log_tool_calls
 from .config import Config, to_dict
 from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
 
@@ -102,7 +105,8 @@ class Run:
             result = load_eval(self.dir, label)
             print(f"{label}: evaluated earlier at step {self.step} of this run | {result.line()}")
         else:
-            result = await pipeline.evaluate_policy(trainer.policy, server, scenarios, self.cfg, label, self.dir)
+            with log_tool_calls(self.dir / TOOL_CALLS):
+                result = await pipeline.evaluate_policy(trainer.policy, server, scenarios, self.cfg, label, self.dir)
             self.state["evals"][label] = self.step
             if label == "base":
                 self.state["phase"] = "base_done"
@@ -121,7 +125,8 @@ class Run:
             return None
         rec = None
         if self.cfg.train.warm_start_scenarios:
-            rec = {"step": 0, "phase": "warm_start", **await pipeline.warm_start(trainer, server, train, self.cfg)}
+            with log_tool_calls(self.dir / TOOL_CALLS):
+                rec = {"step": 0, "phase": "warm_start", **await pipeline.warm_start(trainer, server, train, self.cfg)}
             self.state["history"].append(rec)
         else:
             print("warm start: none for this config (train.warm_start_scenarios = 0)")
@@ -141,7 +146,8 @@ class Run:
         elif self.step:
             print(f"train: resuming at step {self.step} of {self.cfg.train.steps}")
         self.state["phase"] = "training"
-        self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, val)
+        with log_tool_calls(self.dir / TOOL_CALLS):
+            self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, val)
         trainer._run_step = self.step
         return self.state
 
@@ -181,8 +187,9 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
     train, val, test = pipeline.load_splits(cfg)
     print(f"model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, {len(test)} test scenarios",
           flush=True)
-    trainer = await r.trainer(trainer)
     async with pipeline.open_server(cfg) as server:
+        await pipeline.check_tools(server, cfg)  # a refused server stops the run before the model loads
+        trainer = await r.trainer(trainer)
         await r.evaluate("base", server, test)
         if r.state["phase"] == "base_done":
             await r.warm_start(server, train)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mcp_rl import pipeline
+from mcp_rl.audit import read_tool_calls
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.pipeline import step_batch
 from mcp_rl.runs import run
@@ -85,6 +86,11 @@ async def test_kill_and_resume_loses_and_repeats_no_step(tmp_path, monkeypatch, 
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == steps
     assert result["base"].n == 3 and (out / "report.md").exists()
+    # Every phase's tool calls are in the audit log (step 3's twice: it ran again after the kill).
+    calls = read_tool_calls(out / "tool_calls.jsonl")
+    assert {"eval base", "demonstrations", "step 1", "step 2", "step 3", "eval trained"} <= {c["phase"] for c in calls}
+    assert {c["tool"] for c in calls if c["phase"] == "demonstrations"} >= {"list_tables", "run_query"}
+    assert "## Tool calls" in (out / "report.md").read_text()
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0002", "step-0003"]
 
 

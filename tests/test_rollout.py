@@ -13,6 +13,7 @@ import fastmcp
 import pytest
 from fastmcp.exceptions import ToolError
 
+from mcp_rl.guard import ToolPolicy
 from mcp_rl.policy import PolicyError, ScriptedPolicy, choice_from_text, tool_call_text
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts, rollout, transcript
 from mcp_rl.scenarios import Scenario
@@ -20,20 +21,23 @@ from mcp_rl.scenarios import Scenario
 TASK = Scenario(id="s1", task="What is 2 + 3?", answer=5)
 
 
+READ_ONLY = {"readOnlyHint": True}  # rollouts refuse tools not annotated read-only (mcp_rl.guard)
+
+
 def toy_server() -> fastmcp.FastMCP:
     mcp = fastmcp.FastMCP("toy")
 
-    @mcp.tool
+    @mcp.tool(annotations=READ_ONLY)
     def add(a: int, b: int) -> int:
         """Add two integers."""
         return a + b
 
-    @mcp.tool
+    @mcp.tool(annotations=READ_ONLY)
     def broken() -> str:
         """Always fails."""
         raise ToolError("broken is broken; try add")
 
-    @mcp.tool
+    @mcp.tool(annotations=READ_ONLY)
     async def slow(seconds: float) -> str:
         """Sleep, then answer."""
         await asyncio.sleep(seconds)
@@ -143,7 +147,8 @@ async def test_server_killed_mid_rollout(tmp_path):
         mcp.run()
     """))
     traj = await run(call("ok"), call("die"), call("ok"), call(COMPLETE_TOOL_NAME, answer="x"),
-                     server=f"{sys.executable} {script}", cfg=RolloutConfig(call_timeout=10))
+                     server=f"{sys.executable} {script}",
+                     cfg=RolloutConfig(call_timeout=10, tool_policy=ToolPolicy(allow_side_effects=True)))
     assert traj.metrics["fatal"] and "server" in traj.metadata["fatal_reason"]
     assert traj.metrics["tool_calls/ok"] == 1 and not traj.metrics["completed"]
 

@@ -12,7 +12,8 @@ import torch
 from mcp_rl import pipeline
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.launch import HttpServer, company_server_command
-from mcp_rl.runs import _LOADED, open_run
+from mcp_rl.guard import SideEffectsRefused
+from mcp_rl.runs import _LOADED, open_run, run
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +133,25 @@ def test_an_existing_run_needs_resume_or_fresh(tmp_path):
     (tmp_path / "x" / "state.json").write_text("{}")
     with pytest.raises(ValueError, match="--resume"):
         open_run(config(tmp_path / "x"), resume=False)
+
+
+def test_a_server_with_side_effects_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    import asyncio
+
+    script = tmp_path / "notes.py"
+    script.write_text("from fastmcp import FastMCP\nmcp = FastMCP('notes')\n\n@mcp.tool\n"
+                      "def write_note(text: str) -> str:\n    return 'ok'\n\nmcp.run(show_banner=False)\n")
+
+    class Loaded(Exception):
+        pass
+
+    def build(cfg):
+        raise Loaded
+
+    monkeypatch.setattr(pipeline, "build_trainer", build)
+    cfg = apply_overrides(config(tmp_path / "run"), [f"server={script}"])
+    with pytest.raises(SideEffectsRefused, match="side effects: write_note"):
+        asyncio.run(run(cfg))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["allow_side_effects"] is False
+    with pytest.raises(Loaded):  # opted in: the run goes on to load the model
+        asyncio.run(run(apply_overrides(cfg, ["allow_side_effects=true"]), resume=True))

@@ -177,6 +177,30 @@ async def test_describe_unknown_table_lists_the_tables(company_db):
     assert result.content[0].text == "no such table: staff; tables are: departments, employees, projects"
 
 
+async def test_tools_are_annotated_read_only(company_db):
+    async with Client(build_server(company_db)) as client:
+        tools = await client.list_tools()
+    assert all(t.annotations.read_only_hint and t.annotations.destructive_hint is False for t in tools)
+
+
+LONG = 100_000
+
+
+@pytest.mark.parametrize("tool, arguments, quoted", [
+    ("describe_table", {"table_name": "x" * LONG}, "no such table: xxx"),
+    ("run_query", {"sql": "SELECT * FROM " + "z" * 19_000}, "no such table: zzz"),
+    ("run_query", {"sql": "SELECT " + "c" * 19_000 + " FROM employees"}, "no such column: ccc"),
+    ("run_query", {"sql": "SELECT '" + "q" * 19_000}, "unrecognized token"),
+    ("run_query", {"sql": "PRAGMA " + "p" * 5_000}, "PRAGMA ppp"),
+    ("run_query", {"sql": "CREATE TABLE " + "w" * 5_000 + " (a)"}, "read-only: writes"),
+])
+async def test_errors_quote_what_was_sent_only_as_a_prefix(company_db, tool, arguments, quoted):
+    async with Client(build_server(company_db)) as client:
+        result = await client.call_tool(tool, arguments, raise_on_error=False)
+    text = result.content[0].text
+    assert result.is_error and quoted in text and len(text) < 300, (len(text), text[:300])
+
+
 async def test_schema_resource_holds_every_create_statement(company_db):
     async with Client(build_server(company_db)) as client:
         text = (await client.read_resource("schema://company"))[0].text
