@@ -86,7 +86,8 @@ def cmd_scenarios(a) -> int:
     kw = {}
     if a.generator == "llm":
         kw = {"generator_model": a.model, "base_url": a.base_url, "api_key": os.environ.get(a.api_key_env)}
-    n = asyncio.run(_with_server(a.server, a.token, lambda s: generate_to_file(s, a.generator, a.n, a.out, a.seed, **kw)))
+    n = asyncio.run(_with_server(a.server, a.token, lambda s: generate_to_file(
+        s, a.generator, a.n, a.out, a.seed, policy=_tool_policy(a), **kw)))
     print(f"wrote {n if isinstance(n, int) else len(n)} scenarios to {a.out}")
     return 0
 
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sp = sub.add_parser("scenarios", help="generate scenarios (grounded SQL templates or an LLM)")
     server_args(sp)
+    tool_args(sp)  # the generators see only what rollouts will offer
     sp.add_argument("--generator", choices=["grounded", "llm"], default="grounded")
     sp.add_argument("--n", type=int, default=300)
     sp.add_argument("--out", required=True)

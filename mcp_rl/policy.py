@@ -30,6 +30,8 @@ from openai.types.chat.chat_completion_message_tool_call import (
 )
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
+from .guard import SHORT_CHARS, short
+
 __all__ = [
     "Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy",
     "DemonstrationPolicy", "choice_from_text", "find_tool_calls", "format_answer",
@@ -69,7 +71,7 @@ def _parse_block(body: str, k: int) -> tuple[dict | None, str | None]:
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
-        return None, f"tool call {k} is not valid JSON: {e.msg} at char {e.pos} in {body[:120]!r}"
+        return None, f"tool call {k} is not valid JSON: {e.msg} at char {e.pos} in {short(body)}"
     if not isinstance(obj, dict):
         return None, f"tool call {k} must be a JSON object with \"name\" and \"arguments\", got {type(obj).__name__}"
     name = obj.get("name")
@@ -80,11 +82,11 @@ def _parse_block(body: str, k: int) -> tuple[dict | None, str | None]:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as e:
-            return None, f"tool call {k} ({name}): \"arguments\" is a string that is not valid JSON: {e.msg}"
+            return None, f"tool call {k} ({name[:SHORT_CHARS]}): \"arguments\" is a string that is not valid JSON: {e.msg}"
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        return None, f"tool call {k} ({name}): \"arguments\" must be a JSON object, got {type(args).__name__}"
+        return None, f"tool call {k} ({name[:SHORT_CHARS]}): \"arguments\" must be a JSON object, got {type(args).__name__}"
     return {"name": name.strip(), "arguments": args}, None
 
 

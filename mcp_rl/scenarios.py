@@ -297,19 +297,23 @@ async def llm_scenarios(context, n: int, *, generator_model: str = "openai/gpt-4
 
 
 async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike, seed: int = 0,
-                           **llm_kwargs) -> list[Scenario]:
+                           policy=None, **llm_kwargs) -> list[Scenario]:
     """The CLI's `scenarios` command: generate, assign splits (seed 0 hashing), save `out`.
 
     `generator` is "grounded" (SQL servers; verified answers) or "llm" (any server;
     `llm_kwargs` go to `llm_scenarios`). Returns everything now in `out`.
+    `policy` (a `mcp_rl.guard.ToolPolicy`; None: `ToolPolicy()`) is the one rollouts use: the
+    generators see only the tools the agent will be offered, and a server with side-effect tools
+    is refused the same way, so no task is written for a tool training would never offer.
     """
     from mcp_rl.connect import ToolSession
     from mcp_rl.context import collect_context
     from mcp_rl.grounded import grounded_scenarios
+    from mcp_rl.guard import ToolPolicy
 
     if generator not in ("grounded", "llm"):
         raise ValueError(f"generator must be 'grounded' or 'llm', got {generator!r}")
-    async with ToolSession(spec) as session:
+    async with ToolSession(spec, policy=policy or ToolPolicy()) as session:
         if generator == "grounded":
             scenarios = await grounded_scenarios(session, n, seed=seed)
         else:

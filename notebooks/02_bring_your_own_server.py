@@ -40,6 +40,8 @@
 SERVER = "uvx mcp-server-time"        # a stdio command, a .py file, or an http(s)://.../mcp URL (uvx: pip install uv)
 SERVER_ENV = {}                        # environment variables for a stdio server (it inherits none of yours)
 TOKEN_SECRET = None                    # name of a secret holding a bearer token (HTTP servers)
+SERVER_TOOLS = None                    # the only tools the agent may use, a list of names; None: all
+ALLOW_SIDE_EFFECTS = False             # offer tools not annotated read-only: only against a sandbox
 PRESET = "t4"                          # t4: ART on a Colab T4, cpu: the portable trainer
 MODEL = "Qwen/Qwen2.5-3B-Instruct"     # or smollm2: the embedded CPU model
 TOOL_PREFIX = False                    # force a tool call at the start of each turn (tiny models)
@@ -79,20 +81,65 @@ print(f"judge: {JUDGE_MODEL if JUDGE_ON else 'off (no key or endpoint)'} | "
 # ## 1. Connect to the server and look at its tools
 #
 # A stdio command is started once per rollout (each rollout holds one session); an HTTP URL is
-# connected to. `collect_context` reads the tools and resources; for a server that runs SQL it also
-# reads the schema, as in the tutorial.
+# connected to. The table shows each tool's class, read from its MCP annotations: **read-only**
+# (`readOnlyHint`, not `destructiveHint`) or **with side effects** (anything else, unannotated tools
+# included). `collect_context` then reads the tools the agent will be offered and the resources; for
+# a server that runs SQL it also reads the schema, as in the tutorial.
 
 # %%
-from mcp_rl import ToolSession, collect_context, tools_json
+from mcp_rl import ToolPolicy, ToolSession, collect_context, tools_table
 
 if SERVER.startswith("http"):
     spec = {"url": SERVER, **({"token": get_secret(TOKEN_SECRET, prompt=True)} if TOKEN_SECRET else {})}
 else:
     spec = {"command": SERVER, "env": dict(SERVER_ENV)}
-print(await tools_json(spec))
-async with ToolSession(spec) as session:
+tool_policy = ToolPolicy(allow=SERVER_TOOLS, allow_side_effects=ALLOW_SIDE_EFFECTS)
+print(await tools_table(spec, tool_policy))
+async with ToolSession(spec, policy=tool_policy) as session:  # refuses here if side effects are not allowed
     ctx = await collect_context(session)
 print(ctx.as_text()[:1200])
+
+# %% [markdown]
+# ### Tools with side effects
+#
+# An RL run calls the server's tools thousands of times with an exploring policy: a few hundred
+# calls of a `write_query`, `send_email` or `create_ticket` tool can wreck data, mail people or
+# file tickets. So a rollout refuses, by default, to offer the agent any tool with side effects,
+# with one message naming them and the two ways on: an allowlist (`SERVER_TOOLS` above;
+# `--tools` on the command line) or an explicit opt-in (`ALLOW_SIDE_EFFECTS`;
+# `--allow-side-effects`). A filtered tool is never described to the model, and a call to it is
+# answered as an unknown tool. **If the agent must use tools with side effects, train against a
+# sandbox**: a copy of the database, a test account, a staging deployment; never production, since
+# every exploratory call is real. Every call a run makes is in `OUT/tool_calls.jsonl`, counted per
+# tool in the report. Below, a two-tool server made in the notebook shows the refusal and the
+# allowlist.
+
+# %%
+from fastmcp import FastMCP
+
+from mcp_rl import SideEffectsRefused
+
+notes = FastMCP("notes")
+
+
+@notes.tool(annotations={"readOnlyHint": True})
+def read_notes() -> str:
+    """All notes."""
+    return "buy milk"
+
+
+@notes.tool  # no annotations: it counts as having side effects
+def delete_notes() -> str:
+    """Delete every note."""
+    return "deleted"
+
+
+try:
+    async with ToolSession(notes, policy=ToolPolicy()):
+        pass
+except SideEffectsRefused as e:
+    print("refused:", e, "\n")
+print(await tools_table(notes, ToolPolicy(allow=["read_notes"])))
 
 # %% [markdown]
 # ## 2. Tasks
@@ -174,6 +221,7 @@ from mcp_rl import open_run, preset
 judge = {"judge_model": JUDGE_MODEL if JUDGE_ON else None, "judge_base_url": JUDGE_BASE_URL,
          "judge_api_key": JUDGE_KEY}
 cfg = preset(PRESET, model=MODEL, server=str(SERVER), tool_prefix=TOOL_PREFIX, out=OUT,
+             server_tools=SERVER_TOOLS, allow_side_effects=ALLOW_SIDE_EFFECTS,
              rollout={"max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS},
              reward={**judge, "custom": [MY_REWARD]},
              train={"steps": STEPS, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,

@@ -107,6 +107,30 @@ def test_rollout_flags_choose_the_tools(server, offered, capsys, flags, tools):
     assert "-- answer: '1'" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("flags, tools", [
+    ([], None),  # refused, as a rollout would be
+    (["--tools", "lookup"], ["lookup"]),
+    (["--allow-side-effects", "--deny-tools", "drop_all"], ["lookup", "write_note"]),
+])
+def test_scenarios_writers_see_only_the_tools_rollouts_offer(server, tmp_path, capsys, monkeypatch, flags, tools):
+    from mcp_rl import scenarios as scenarios_module
+
+    seen = []
+
+    async def fake_llm_scenarios(context, n, out_path, seed, **kw):  # stands in for the LLM (a network call)
+        seen.append([t["function"]["name"] for t in context.tools])
+        scenarios_module.save_scenarios(out_path, [scenarios_module.Scenario(id="g-0", task="Look up k.")])
+
+    monkeypatch.setattr(scenarios_module, "llm_scenarios", fake_llm_scenarios)
+    out = tmp_path / "s.jsonl"
+    code = cli.main(["scenarios", "--server", server, "--generator", "llm", "--n", "1", "--out", str(out), *flags])
+    if tools is None:
+        assert code == 2 and not seen and not out.exists()
+        assert "refusing to offer the agent tools with side effects" in capsys.readouterr().err
+    else:
+        assert code == 0 and seen == [tools] and out.exists()
+
+
 def test_a_filter_naming_a_missing_tool_is_one_error_line(server, capsys):
     assert cli.main(["rollout", "--server", server, "--task", "t", "--tools", "read_query,lookup"]) == 2
     err = capsys.readouterr().err.strip()

@@ -363,4 +363,7 @@ def test_bring_your_own_server_runs_on_cpu(tmp_path, venv_kernel):
     assert "judge: off" in text and "a smoke run" in text
     assert re.search(r"base: success [\d.]+%", text) and re.search(r"trained: success [\d.]+%", text)
     assert "your reward (time_from_tool):" in text
+    # The guard's message for the notebook's two-tool server, then its allowlist.
+    assert "refused: refusing to offer the agent tools with side effects: delete_notes" in text
+    assert "rollouts: offer 1 tool, all read-only" in text and "no (filtered)" in text
     assert (run / "report.md").is_file() and (run / "merged" / "config.json").is_file()

@@ -35,6 +35,7 @@ from fastmcp import FastMCP
 from mcp_rl.connect import ToolSession
 from mcp_rl.context import collect_context, find_sql_tool
 from mcp_rl.grounded import grounded_scenarios
+from mcp_rl.guard import SideEffectsRefused, ToolPolicy
 from mcp_rl.scenarios import Scenario, generate_to_file, load_scenarios
 
 # mcp-server-sqlite 2025.4.25 fails to start on mcp 2 ('Server' object has no attribute 'list_resources').
@@ -156,9 +157,14 @@ async def test_mcp_server_sqlite_grounded_answers_recheck(sqlite_server_exe, db_
 
 
 async def test_generate_to_file_against_mcp_server_sqlite(sqlite_server_exe, db_copy, tmp_path):
-    # What `python -m mcp_rl scenarios --server "<venv>/bin/mcp-server-sqlite --db-path copy.db" --generator grounded` runs.
-    written = await generate_to_file(f"{sqlite_server_exe} --db-path {db_copy}", "grounded", 40,
-                                     tmp_path / "s.jsonl", seed=1)
+    # What `python -m mcp_rl scenarios --server "<venv>/bin/mcp-server-sqlite --db-path copy.db"
+    # --generator grounded` runs: refused (its write tools are not annotated), then with the allowlist.
+    spec = f"{sqlite_server_exe} --db-path {db_copy}"
+    with pytest.raises(SideEffectsRefused, match="write_query") as refused:
+        await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1)
+    assert "--tools" in str(refused.value) and not (tmp_path / "s.jsonl").exists()
+    written = await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1,
+                                     policy=ToolPolicy(allow=["read_query", "list_tables", "describe_table"]))
     assert load_scenarios(tmp_path / "s.jsonl") == written and len(written) == 40
     for sc in written:
         recheck(db_copy, sc)
