@@ -97,6 +97,7 @@ def cmd_rollout(a) -> int:
     from .scenarios import Scenario
 
     cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature,
+                        timeout=a.rollout_timeout,
                         tool_policy=_tool_policy(a))
 
     async def go(server):
@@ -118,6 +119,7 @@ def cmd_eval(a) -> int:
 
     scenarios = [s for s in load_scenarios(a.scenarios, split=a.split) if s.answer is not None][: a.n]
     cfg = RolloutConfig(max_turns=a.max_turns, max_tokens=a.max_tokens, temperature=a.temperature,
+                        timeout=a.rollout_timeout,
                         tool_policy=_tool_policy(a))
     label = a.label or ("adapter" if a.adapter else "base")
 
@@ -244,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--max-tokens", type=int, default=256, help="new tokens per assistant turn")
         sp.add_argument("--timeout", type=float, default=60.0,
                         help="seconds per --base-url request (raise it for a local model served on a CPU)")
+        sp.add_argument("--rollout-timeout", type=float, default=600.0,
+                        help="wall-clock seconds per rollout (raise it for a local model on a busy CPU)")
         sp.add_argument("--temperature", type=float, default=0.0)
 
     sp = sub.add_parser("tools", help="a server's tools: side-effect class, MCP annotations, whether rollouts offer them")

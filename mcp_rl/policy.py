@@ -33,7 +33,7 @@ from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenL
 from .guard import SHORT_CHARS, short
 
 __all__ = [
-    "Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy",
+    "Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy", "play",
     "DemonstrationPolicy", "choice_from_text", "find_tool_calls", "format_answer",
 ]
 
@@ -310,6 +310,23 @@ class ScriptedPolicy:
         if not isinstance(reply, str):
             raise TypeError(f"a script must return str or dict, got {type(reply).__name__}")
         return choice_from_text(reply, tokenizer=self.tokenizer)
+
+
+def play(*turns: str | dict) -> Callable[[list[dict]], str | dict]:
+    """A script for `ScriptedPolicy` that plays `turns` in order, one per assistant turn so far;
+    the last one repeats.
+
+    >>> script = play("a", {"tool": "t"})
+    >>> script([]), script([{"role": "assistant"}] * 3)
+    ('a', {'tool': 't'})
+    """
+    if not turns:
+        raise ValueError("play() needs at least one turn")
+
+    def script(messages: list[dict]) -> str | dict:
+        done = sum(m.get("role") == "assistant" for m in messages)
+        return turns[min(done, len(turns) - 1)]
+    return script
 
 
 def format_answer(answer: Any) -> str:

@@ -14,7 +14,7 @@ from fastmcp.exceptions import ToolError
 
 from mcp_rl.audit import ARG_CHARS, log_tool_calls, read_tool_calls, record_tool_call, tool_call_table
 from mcp_rl.evaluate import EvalResult, write_report
-from mcp_rl.policy import ScriptedPolicy
+from mcp_rl.policy import ScriptedPolicy, play
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts
 from mcp_rl.scenarios import Scenario
 
@@ -37,12 +37,6 @@ def server() -> FastMCP:
     return mcp
 
 
-def script_of(*turns):
-    def script(messages):
-        done = sum(m["role"] == "assistant" for m in messages)
-        return turns[min(done, len(turns) - 1)]
-    return script
-
 
 def call(name, **args):
     return {"tool": name, "arguments": args}
@@ -56,8 +50,8 @@ async def test_one_row_per_call_with_cut_arguments_and_error_kinds(tmp_path):
     log = tmp_path / "run" / "tool_calls.jsonl"
     scenarios = [Scenario(id="a", task="t"), Scenario(id="b", task="t")]
     with log_tool_calls(log, phase="eval base"):
-        await gather_rollouts(ScriptedPolicy(script_of(*TURNS)), server(), scenarios, RolloutConfig(), group_size=2)
-    await gather_rollouts(ScriptedPolicy(script_of(*TURNS)), server(), scenarios[:1])  # outside: not logged
+        await gather_rollouts(ScriptedPolicy(play(*TURNS)), server(), scenarios, RolloutConfig(), group_size=2)
+    await gather_rollouts(ScriptedPolicy(play(*TURNS)), server(), scenarios[:1])  # outside: not logged
     rows = read_tool_calls(log)
     assert len(rows) == 4 * 4  # 4 server calls in each of 4 rollouts; complete_task is not a server call
     assert sorted({r["scenario"] for r in rows}) == ["a", "b"] and {r["phase"] for r in rows} == {"eval base"}

@@ -14,7 +14,7 @@ from mcp_rl.config import Config, apply_overrides, preset, to_dict
 from mcp_rl.connect import ToolSession
 from mcp_rl.guard import (READ_ONLY, SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, classify_tool,
                           filter_tools, short)
-from mcp_rl.policy import ScriptedPolicy
+from mcp_rl.policy import ScriptedPolicy, play
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts, rollout
 from mcp_rl.scenarios import Scenario
 
@@ -47,12 +47,6 @@ def mixed_server(ran: list[str] | None = None) -> FastMCP:
     return mcp
 
 
-def script_of(*turns):
-    def script(messages):
-        done = sum(m["role"] == "assistant" for m in messages)
-        return turns[min(done, len(turns) - 1)]
-    return script
-
 
 def call(name, **args):
     return {"tool": name, "arguments": args}
@@ -62,7 +56,7 @@ class Counting(ScriptedPolicy):
     """A scripted policy that counts its turns and keeps the tool names it was offered."""
 
     def __init__(self, *turns):
-        super().__init__(script_of(*turns))
+        super().__init__(play(*turns))
         self.turns, self.offered = 0, None
 
     async def complete(self, messages, tools, **kw):

@@ -14,7 +14,7 @@ import pytest
 from fastmcp.exceptions import ToolError
 
 from mcp_rl.guard import ToolPolicy
-from mcp_rl.policy import PolicyError, ScriptedPolicy, choice_from_text, tool_call_text
+from mcp_rl.policy import PolicyError, ScriptedPolicy, choice_from_text, play, tool_call_text
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts, rollout, transcript
 from mcp_rl.scenarios import Scenario
 
@@ -46,20 +46,13 @@ def toy_server() -> fastmcp.FastMCP:
     return mcp
 
 
-def script_of(*turns):
-    """A script that plays `turns` in order, one per assistant turn so far."""
-    def script(messages):
-        done = sum(m["role"] == "assistant" for m in messages)
-        return turns[min(done, len(turns) - 1)]
-    return script
-
 
 def call(name, **args):
     return {"tool": name, "arguments": args}
 
 
 async def run(*turns, cfg=None, server=None, scenario=TASK):
-    return await rollout(ScriptedPolicy(script_of(*turns)), server or toy_server(), scenario, cfg or RolloutConfig())
+    return await rollout(ScriptedPolicy(play(*turns)), server or toy_server(), scenario, cfg or RolloutConfig())
 
 
 async def test_success_records_answer_and_metrics():
@@ -154,7 +147,7 @@ async def test_server_killed_mid_rollout(tmp_path):
 
 
 async def test_unreachable_server_fails_rollout_not_batch():
-    groups = await gather_rollouts(ScriptedPolicy(script_of(call(COMPLETE_TOOL_NAME, answer="5"))),
+    groups = await gather_rollouts(ScriptedPolicy(play(call(COMPLETE_TOOL_NAME, answer="5"))),
                                    "http://127.0.0.1:9/mcp", [TASK], RolloutConfig(), group_size=2)
     assert len(groups) == 1 and len(groups[0].trajectories) == 2
     assert all(t.metrics["fatal"] for t in groups[0].trajectories)
