@@ -282,6 +282,35 @@ print(f"merged model: {merged}\nGGUF: {gguf} ({gguf.stat().st_size / 2**20:.0f} 
 print(f"on a machine with Ollama:\n  ollama create sql-agent -f {modelfile}\n  ollama run sql-agent")
 
 # %% [markdown]
+# ### The agent as an OpenAI-compatible endpoint
+#
+# `openai_app` serves the trained policy at `/v1/chat/completions` (tools in, `tool_calls` out,
+# parsed exactly as in training), so any OpenAI client, agent framework or MCP client can use it.
+# Below it answers one request from the `openai` client on a free port on 127.0.0.1, then stops.
+# From a shell: `python -m mcp_rl serve --adapter OUT --port 8000`, then for instance
+# `python -m mcp_rl eval --server company --base-url http://127.0.0.1:8000/v1 --model NAME`.
+
+# %%
+import json
+
+from openai import AsyncOpenAI
+
+from mcp_rl import ServerThread, openai_app, tools_json
+
+endpoint = ServerThread(openai_app(trainer.policy, name="sql-agent")).start()
+try:
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key="not-needed")
+    reply = await client.chat.completions.create(
+        model="sql-agent", tools=json.loads(await tools_json(server.spec)), max_tokens=cfg.rollout.max_tokens,
+        messages=[{"role": "system", "content": cfg.rollout.system_prompt}, {"role": "user", "content": QUESTION}])
+    message = reply.choices[0].message
+    print(f"served at {endpoint.base_url}; first reply to {QUESTION!r}:")
+    print("  text:", (message.content or "")[:300])
+    print("  tool calls:", [(c.function.name, c.function.arguments) for c in message.tool_calls or []])
+finally:
+    endpoint.stop()
+
+# %% [markdown]
 # Set `HF_REPO` to push the merged model to the Hugging Face Hub (a private repository; the token
 # comes from the `HF_TOKEN` secret). Off by default.
 

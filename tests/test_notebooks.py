@@ -334,6 +334,7 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
     assert "What changed" in (run / "report.md").read_text() and (run / "eval_bars.png").is_file()
     assert (run / "merged" / "config.json").is_file() and (run / "ollama" / "Modelfile").is_file()
     assert "ollama create sql-agent" in first
+    assert "; first reply to " in first and "tool calls:" in first  # the served endpoint answered
     assert first_state["step"] == 1 and first_state["evals"] == {"base": 0, "trained": 1}
 
     assert "resuming the recorded run at step 1" in second[0]

@@ -8,7 +8,6 @@ Run: pytest tests/test_pipeline.py
 import json
 
 import pytest
-import torch
 
 from mcp_rl import pipeline
 from mcp_rl.audit import read_tool_calls
@@ -27,24 +26,9 @@ def test_step_batches_are_a_pure_function_of_seed_and_step():
     assert step_batch(train, 0, 4, seed=4) != first[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_trainer_factory():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
-    from mcp_rl.train import PortableTrainer
-
-    tok = load_local_tokenizer()
-
-    def build(cfg):
-        torch.manual_seed(0)
-        config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                             bos_token_id=1, eos_token_id=2, pad_token_id=2)
-        policy = LocalPolicy(LlamaForCausalLM(config).eval(), tok, name="tiny")
-        return PortableTrainer(policy, learning_rate=1e-3, micro_batch_size=4, max_seq_len=4096)
-
-    return build
+@pytest.fixture
+def tiny_trainer_factory(tiny_trainer):
+    return lambda cfg: tiny_trainer(cfg, micro_batch_size=4)
 
 
 def small_config(out, steps):

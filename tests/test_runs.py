@@ -7,7 +7,6 @@ with SmolLM2's tokenizer, as in tests/test_pipeline.py. Run: pytest tests/test_r
 import json
 
 import pytest
-import torch
 
 from mcp_rl import pipeline
 from mcp_rl.config import apply_overrides, preset
@@ -16,24 +15,9 @@ from mcp_rl.guard import SideEffectsRefused
 from mcp_rl.runs import _LOADED, open_run, run
 
 
-@pytest.fixture(scope="module")
-def build():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
-    from mcp_rl.train import PortableTrainer
-
-    tok = load_local_tokenizer()
-
-    def make(cfg):
-        torch.manual_seed(0)
-        config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                             bos_token_id=1, eos_token_id=2, pad_token_id=2)
-        return PortableTrainer(LocalPolicy(LlamaForCausalLM(config).eval(), tok, name="tiny"),
-                               learning_rate=1e-3, max_seq_len=4096)
-
-    return make
+@pytest.fixture
+def build(tiny_trainer):
+    return tiny_trainer
 
 
 @pytest.fixture(scope="module")
