@@ -2,7 +2,7 @@
 
 The company server over streamable HTTP (uvicorn, 5 s keep-alive); N concurrent ToolSessions, each
 making CALLS calls GAP +- 0.15 s apart, as rollouts do while the policy generates. Run once with
-httpx's default 5 s pool expiry and once with mcp_rl's 1 s (`mcp_rl.connect._http_client`), side by
+httpx's default 5 s pool expiry and once with mcp_rl's 1 s (`mcp_rl.specs._http_client`), side by
 side; prints a table. CPU only, about 2 minutes:
 
     .venv/bin/python bench/check_http_keepalive.py --out bench/results/http_keepalive.txt
@@ -18,7 +18,7 @@ import random
 import time
 from datetime import datetime, timezone
 
-import mcp_rl.connect as connect
+import mcp_rl.specs as specs
 from mcp_rl.connect import ToolSession
 from mcp_rl.launch import HttpServer, company_server_command
 
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     logging.getLogger("mcp_rl.connect").setLevel(logging.ERROR)  # one warning per dead session otherwise
-    new_factory = connect._http_client
+    new_factory = specs._http_client
 
     def with_expiry(expiry: float):
         def factory(*a, **k):
@@ -64,12 +64,12 @@ def main() -> None:
              "", "pool expiry | calls ok | sessions died | seconds", "-" * 50]
     with HttpServer(company_server_command()) as server:
         for expiry in (5.0, 1.0):
-            connect._http_client = with_expiry(expiry)
+            specs._http_client = with_expiry(expiry)
             start = time.perf_counter()
             kinds = asyncio.run(sessions(server.url, args.sessions, args.calls, args.gap_s))
             lines.append(f"{expiry:9.1f} s | {kinds['ok']:8d} | {kinds['sessions_died']:13d} | "
                          f"{time.perf_counter() - start:7.0f}")
-    connect._http_client = new_factory
+    specs._http_client = new_factory
     text = "\n".join(lines)
     print(text)
     if args.out:
