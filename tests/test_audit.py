@@ -100,11 +100,3 @@ def test_report_counts_calls_per_tool(tmp_path):
 
 def test_table_of_no_calls_is_a_header():
     assert tool_call_table([]).count("\n") == 1
-
-
-def test_doctests_pass():
-    import doctest
-
-    from mcp_rl import audit
-
-    assert doctest.testmod(audit).failed == 0

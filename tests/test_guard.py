@@ -214,11 +214,3 @@ async def test_a_huge_tool_name_comes_back_as_a_prefix():
     reply = next(m for m in traj.messages() if m["role"] == "tool")["content"]
     assert reply.startswith("Unknown tool 'nnn") and "(100000 chars)" in reply and len(reply) < 200
     assert max(len(k) for k in traj.metrics) < 200
-
-
-def test_doctests_pass():
-    import doctest
-
-    from mcp_rl import guard
-
-    assert doctest.testmod(guard).failed == 0

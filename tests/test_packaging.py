@@ -1,5 +1,6 @@
-"""The install sets: the Colab T4 set must resolve for Python 3.12 on manylinux, so a
-pin that would break Colab fails CI here. Run: pytest tests/test_packaging.py"""
+"""The package as shipped: every module's doctests, and the install sets (the Colab T4 set must
+resolve for Python 3.12 on manylinux, so a pin that would break Colab fails CI here).
+Run: pytest tests/test_packaging.py"""
 
 import json
 import subprocess
@@ -13,6 +14,20 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + [
     "manylinux2014_x86_64", "linux_x86_64", "any"]
+
+
+def test_every_modules_doctests_pass():
+    # The examples in docstrings are the API's smallest documentation: all of them run, in one place.
+    import doctest
+    import importlib
+    import pkgutil
+
+    import mcp_rl
+
+    names = [m.name for m in pkgutil.iter_modules(mcp_rl.__path__) if m.name != "__main__"]
+    results = {n: doctest.testmod(importlib.import_module(f"mcp_rl.{n}"), report=False) for n in names}
+    assert {n: r.failed for n, r in results.items() if r.failed} == {}
+    assert sum(r.attempted for r in results.values()) >= 30
 
 
 def test_colab_extra_pins_the_t4_stack():

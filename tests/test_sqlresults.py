@@ -139,11 +139,3 @@ def test_error_text_spots_errors_sent_as_results(text, is_error):
 def test_number_or_text(cell, value):
     got = number_or_text(cell)
     assert got == value and type(got) is type(value)
-
-
-def test_doctests_pass():
-    import doctest
-
-    from mcp_rl import sqlresults
-    result = doctest.testmod(sqlresults)
-    assert result.attempted >= 4 and result.failed == 0
