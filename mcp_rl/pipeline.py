@@ -160,9 +160,17 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
     t0 = time.monotonic()
     mine = distributed.shard(batch)  # this rank's groups (all of them in one process)
+    worker_stats = None
     with log_tool_calls(phase=f"step {step + 1}"):
-        groups = await gather_rollouts(trainer.policy, server, mine, rollout_config(cfg),
-                                       group_size=cfg.train.group_size, desc=f"step {step + 1}")
+        if cfg.rollout_workers:  # on remote workers, next to their MCP servers (mcp_rl/workers.py)
+            from .workers import remote_rollouts
+
+            port = cfg.policy_port + distributed.rank() if cfg.policy_port else 0
+            groups, worker_stats = await remote_rollouts(trainer.policy, mine, cfg, group_size=cfg.train.group_size,
+                                                         port=port)
+        else:
+            groups = await gather_rollouts(trainer.policy, server, mine, rollout_config(cfg),
+                                           group_size=cfg.train.group_size, desc=f"step {step + 1}")
     mine_scored = [await score_group(group, scenario, cfg.reward) for group, scenario in zip(groups, mine)]
     scored, skipped = [], []
     for g, scenario in zip(distributed.unshard(mine_scored, f"step {step + 1} rollouts"), batch):
@@ -182,6 +190,8 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
         "groups_skipped": len(skipped), "skipped": skipped, "scenarios": [s.id for s in batch],
         "policy_step": trainer.policy.step,
     }
+    if worker_stats is not None:
+        rec["worker_requests"], rec["worker_retries"] = worker_stats["requests"], worker_stats["retried"]
     varied = [g for g in scored if len({t.reward for t in g.trajectories}) > 1]
     rec["groups_trained"] = len(varied)
     if varied:
