@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
-__all__ = ["init", "rank", "world", "is_main", "shard", "unshard", "total", "all_reduce_grads",
+__all__ = ["init", "rank", "world", "is_main", "shard", "unshard", "unshard_groups", "total", "all_reduce_grads",
            "check_same", "barrier", "broadcast_object", "RankFailed"]
 
 T = TypeVar("T")
@@ -117,6 +117,16 @@ def unshard(mine: list[T], what: str = "gather") -> list[T]:
     shards: list[Any] = [None] * world()
     _collective(what, dist.all_gather_object, shards, list(mine))
     return interleave(shards)
+
+
+def unshard_groups(mine: list[Any], what: str = "gather") -> list[Any]:
+    """`unshard` for art.TrajectoryGroup objects (or None), which do not unpickle: sent as their trajectories."""
+    if not active():
+        return list(mine)
+    import art
+
+    plain = unshard([None if g is None else list(g.trajectories) for g in mine], what)
+    return [None if t is None else art.TrajectoryGroup(t) for t in plain]
 
 
 def broadcast_object(value: T, what: str = "broadcast") -> T:

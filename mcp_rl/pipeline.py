@@ -126,7 +126,7 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
     demos_for = train[: cfg.train.warm_start_scenarios]
     demo_policy = DemonstrationPolicy(demos_for, tokenizer=trainer.policy.tokenizer)
     with log_tool_calls(phase="demonstrations"):  # each rank plays its share; every rank gets them all
-        groups = distributed.unshard(await gather_rollouts(demo_policy, server, distributed.shard(demos_for),
+        groups = distributed.unshard_groups(await gather_rollouts(demo_policy, server, distributed.shard(demos_for),
                                                            rollout_config(cfg), desc="demonstrations"), "demonstrations")
     demos = [t for g in groups for t in g.trajectories if t.metrics.get("completed") and not t.metrics.get("fatal")]
     _log(f"warm start | {len(demos)}/{len(demos_for)} demonstrations completed through the server")
@@ -173,7 +173,7 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
                                            group_size=cfg.train.group_size, desc=f"step {step + 1}")
     mine_scored = [await score_group(group, scenario, cfg.reward) for group, scenario in zip(groups, mine)]
     scored, skipped = [], []
-    for g, scenario in zip(distributed.unshard(mine_scored, f"step {step + 1} rollouts"), batch):
+    for g, scenario in zip(distributed.unshard_groups(mine_scored, f"step {step + 1} rollouts"), batch):
         if g is None:
             skipped.append(f"{scenario.id}: judge failed")
             continue

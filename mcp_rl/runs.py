@@ -226,7 +226,8 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
         r.state["phase"] = "done"
         r._commit()
     report = r.report() if distributed.is_main() else None
-    print(f"report: {report}", flush=True)
+    if report is not None:
+        print(f"report: {report}", flush=True)
     return {**r.results, "report": report, "trainer": trainer}
 
 

@@ -69,3 +69,39 @@ def test_a_rank_that_dies_ends_the_others_with_a_clear_error(bench, tok_dir, tmp
     assert codes == [4, 3]  # rank 0 caught RankFailed; rank 1 is the one that died
     assert "gradient all-reduce failed" in errs[0] and "rerun with --resume" in errs[0]
     assert not list(tmp_path.glob("rank*.pt"))  # nothing written by either
+
+
+RUNNER = Path(__file__).resolve().parent / "ddp_pipeline_run.py"
+
+
+def torchrun(out, steps, *extra):
+    import subprocess
+
+    from mcp_rl.launch import free_port
+
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(RUNNER), str(out), str(steps), *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=400)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_pipeline_under_torchrun_dies_cleanly_and_resumes(tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    died = torchrun(out, 3, "--die-at", "2")  # rank 1 crashes as step 2 starts
+    assert died.returncode != 0 and "exitcode  : 3" in died.stderr  # torchrun names the rank that died
+    state = json.loads((out / "state.json").read_text())
+    assert state["step"] == 1 and state["phase"] == "training"
+    assert not [p.name for p in out.rglob("*") if ".tmp-" in p.name]  # nothing half-written
+    assert (out / "tool_calls.rank1.jsonl").exists()  # rank 1 logs its own tool calls; rank 0 owns the rest
+
+    resumed = torchrun(out, 3, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming the recorded run at step 1" in resumed.stdout
+    state = json.loads((out / "state.json").read_text())
+    assert state["step"] == 3 and state["phase"] == "done"
+    assert [h["step"] for h in state["history"]] == [0, 1, 2, 3]  # no step lost or repeated
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0002", "step-0003"]
+    assert (out / "report.md").exists()
