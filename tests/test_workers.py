@@ -174,3 +174,17 @@ async def test_no_live_worker_is_a_clear_error():
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]  # nothing listens
     with pytest.raises(WorkersDown, match="every rollout worker failed"):
         await WorkerPool(urls).gather(SCENARIOS[:2], config(urls).rollout, policy=GOOD["policy"], group_size=1)
+
+
+async def test_a_training_step_rolls_out_on_the_workers(workers):
+    import types
+
+    from mcp_rl import pipeline
+
+    trained = []
+    trainer = types.SimpleNamespace(policy=SlowScript(), train=lambda groups: trained.append(groups) or {"loss": 0.0})
+    cfg = config([u for _, u in workers])
+    rec = await pipeline.train_step(trainer, None, SCENARIOS[:2], cfg, 0)  # no local server: workers only
+    assert rec["worker_requests"] == 2 and rec["worker_retries"] == 0
+    assert rec["scenarios"] == [s.id for s in SCENARIOS[:2]] and rec["completed_rate"] == 1.0
+    assert rec["groups_trained"] + rec["groups_skipped"] == 2
