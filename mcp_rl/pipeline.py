@@ -74,6 +74,10 @@ def build_trainer(cfg: Config):
     if t.backend == "art":
         from .art_backend import ARTTrainer
 
+        if distributed.world() > 1:
+            raise ValueError("the ART backend trains in one process (its own vLLM + Unsloth); under torchrun "
+                             "use train.backend=portable")
+
         if t.warm_start_scenarios:
             raise ValueError("the ART backend has no warm start: set train.warm_start_scenarios=0 "
                              "(warm-start with the portable backend, then train with ART from its adapter)")
