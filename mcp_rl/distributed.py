@@ -19,7 +19,7 @@ see identical gradients on every rank, so LoRA and optimizer state stay identica
 Only rank 0 writes checkpoints, state.json, metrics and reports (`is_main`).
 
 A rank that dies: torchrun stops the others and reports the failed rank; without torchrun the
-survivors' next collective fails, raised here as `RankFailed` naming the step. Every file a run
+survivors' next collective fails, raised here as `RankFailed` naming what it was. Every file a run
 writes goes through a temporary name and a rename, so nothing is left half-written.
 """
 
