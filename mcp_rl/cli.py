@@ -147,6 +147,13 @@ def _with_tool_flags(cfg, a):
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
+def _with_worker_flags(cfg, a):
+    """--workers / --worker-token / --policy-port over the config's own settings."""
+    changes = {k: v for k, v in (("rollout_workers", a.workers), ("worker_token", a.worker_token),
+                                 ("policy_port", a.policy_port)) if v is not None}
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
 def _train_config(a):
     from .config import apply_overrides, load_config
 
@@ -154,7 +161,7 @@ def _train_config(a):
     overrides = list(a.set or [])
     if a.out:
         overrides.append(f"out={a.out}")
-    return _with_tool_flags(apply_overrides(cfg, overrides), a)
+    return _with_worker_flags(_with_tool_flags(apply_overrides(cfg, overrides), a), a)
 
 
 def cmd_train(a) -> int:
@@ -170,7 +177,8 @@ def cmd_demo(a) -> int:
 
     out = a.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     t0 = time.monotonic()
-    cfg = _with_tool_flags(apply_overrides(preset("cpu", server="company"), [f"out={out}", *(a.set or [])]), a)
+    cfg = _with_worker_flags(_with_tool_flags(apply_overrides(preset("cpu", server="company"),
+                                                              [f"out={out}", *(a.set or [])]), a), a)
     res = asyncio.run(run(cfg, resume=a.resume))
     base, trained = res["base"], res["trained"]
     print(f"\ndemo done in {(time.monotonic() - t0) / 60:.1f} min | verified success on {base.n} held-out scenarios: "
@@ -296,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last complete step")
         sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field, e.g. train.steps=5")
         tool_args(sp)
+        sp.add_argument("--workers", type=lambda t: [u.strip() for u in t.split(",") if u.strip()], metavar="URL,...",
+                        help="rollout workers (python -m mcp_rl rollout-worker) for the training steps' rollouts")
+        sp.add_argument("--worker-token", default=os.environ.get("MCP_RL_WORKER_TOKEN"),
+                        help="bearer token the workers require (env MCP_RL_WORKER_TOKEN)")
+        sp.add_argument("--policy-port", type=int, help="127.0.0.1 port serving the policy to the workers (0: free)")
         sp.set_defaults(fn=fn)
 
     sp = sub.add_parser("export", help="merge a run's LoRA into its base model (portable or ART run)",
@@ -321,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     from .serve import add_serve_parser
 
     add_serve_parser(sub)  # `serve`: the trained agent as an OpenAI-compatible endpoint
+    from .workers import add_worker_parser
+
+    add_worker_parser(sub)  # `rollout-worker`: rollouts next to an MCP server, for train --workers
     a = p.parse_args(argv)
     try:
         return a.fn(a)

@@ -121,6 +121,11 @@ class Config:
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
     scenarios: str = _f("data/scenarios.jsonl", "JSONL scenarios with a split field")
     out: str = _f("runs/demo", "run folder: checkpoints, metrics.jsonl, report")
+    rollout_workers: list[str] = _f([], "URLs of rollout workers (python -m mcp_rl rollout-worker) that run the "
+                                    "training steps' rollouts next to their MCP servers; empty: rollouts run here")
+    worker_token: str | None = _f(None, "bearer token the rollout workers require (else env MCP_RL_WORKER_TOKEN)")
+    policy_port: int = _f(0, "port on 127.0.0.1 serving the policy to rollout workers during a step (rank r: +r); "
+                          "0: any free port (one machine); fix it to tunnel it to the workers' machines")
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "agent loop"})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "reward components"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "trainer and loop"})
@@ -139,6 +144,11 @@ class Config:
         if self.load_in_4bit and self.model == "smollm2":
             raise ValueError("load_in_4bit needs CUDA and a Hugging Face model; the embedded smollm2 runs unquantised")
         check_episode_fits(self.rollout, self.train)
+        bad = [u for u in self.rollout_workers if not str(u).startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"rollout_workers must be http(s)://HOST:PORT URLs, got {bad[0]!r}")
+        if not 0 <= self.policy_port < 65536:
+            raise ValueError(f"policy_port must be 0 (any free port) or a port 1..65535, got {self.policy_port}")
 
     def tool_policy(self) -> ToolPolicy:
         """The ToolPolicy of server_tools, deny_tools and allow_side_effects (see `mcp_rl.guard`)."""

@@ -20,6 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
+from . import distributed
 from .audit import log_tool_calls
 from .config import Config
 from .connect import ToolSession
@@ -73,6 +74,10 @@ def build_trainer(cfg: Config):
     if t.backend == "art":
         from .art_backend import ARTTrainer
 
+        if distributed.world() > 1:
+            raise ValueError("the ART backend trains in one process (its own vLLM + Unsloth); under torchrun "
+                             "use train.backend=portable")
+
         if t.warm_start_scenarios:
             raise ValueError("the ART backend has no warm start: set train.warm_start_scenarios=0 "
                              "(warm-start with the portable backend, then train with ART from its adapter)")
@@ -124,8 +129,9 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
     each played through the real server (so tool outputs are real)."""
     demos_for = train[: cfg.train.warm_start_scenarios]
     demo_policy = DemonstrationPolicy(demos_for, tokenizer=trainer.policy.tokenizer)
-    with log_tool_calls(phase="demonstrations"):
-        groups = await gather_rollouts(demo_policy, server, demos_for, rollout_config(cfg), desc="demonstrations")
+    with log_tool_calls(phase="demonstrations"):  # each rank plays its share; every rank gets them all
+        groups = distributed.unshard_groups(await gather_rollouts(demo_policy, server, distributed.shard(demos_for),
+                                                           rollout_config(cfg), desc="demonstrations"), "demonstrations")
     demos = [t for g in groups for t in g.trajectories if t.metrics.get("completed") and not t.metrics.get("fatal")]
     _log(f"warm start | {len(demos)}/{len(demos_for)} demonstrations completed through the server")
     if not demos:
@@ -144,7 +150,9 @@ async def _maybe_async(value):
 
 
 def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
-    """Checkpoint, then state.json (the commit point), then metrics.jsonl."""
+    """Checkpoint, then state.json (the commit point), then metrics.jsonl; rank 0 alone writes."""
+    if not distributed.is_main():
+        return
     trainer.save(run_dir / "checkpoints" / f"step-{state['step']:04d}")
     write_json_atomic(run_dir / "state.json", state)
     write_json_atomic(run_dir / "metrics.jsonl", state["history"])
@@ -155,12 +163,21 @@ def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
 async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
     t0 = time.monotonic()
+    mine = distributed.shard(batch)  # this rank's groups (all of them in one process)
+    worker_stats = None
     with log_tool_calls(phase=f"step {step + 1}"):
-        groups = await gather_rollouts(trainer.policy, server, batch, rollout_config(cfg),
-                                       group_size=cfg.train.group_size, desc=f"step {step + 1}")
+        if cfg.rollout_workers:  # on remote workers, next to their MCP servers (mcp_rl/workers.py)
+            from .workers import remote_rollouts
+
+            port = cfg.policy_port + distributed.rank() if cfg.policy_port else 0
+            groups, worker_stats = await remote_rollouts(trainer.policy, mine, cfg, group_size=cfg.train.group_size,
+                                                         port=port)
+        else:
+            groups = await gather_rollouts(trainer.policy, server, mine, rollout_config(cfg),
+                                           group_size=cfg.train.group_size, desc=f"step {step + 1}")
+    mine_scored = [await score_group(group, scenario, cfg.reward) for group, scenario in zip(groups, mine)]
     scored, skipped = [], []
-    for group, scenario in zip(groups, batch):
-        g = await score_group(group, scenario, cfg.reward)
+    for g, scenario in zip(distributed.unshard_groups(mine_scored, f"step {step + 1} rollouts"), batch):
         if g is None:
             skipped.append(f"{scenario.id}: judge failed")
             continue
@@ -177,6 +194,8 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
         "groups_skipped": len(skipped), "skipped": skipped, "scenarios": [s.id for s in batch],
         "policy_step": trainer.policy.step,
     }
+    if worker_stats is not None:
+        rec["worker_requests"], rec["worker_retries"] = worker_stats["requests"], worker_stats["retried"]
     varied = [g for g in scored if len({t.reward for t in g.trajectories}) > 1]
     rec["groups_trained"] = len(varied)
     if varied:
@@ -194,10 +213,12 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
         batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
         rec = await train_step(trainer, server, batch, cfg, step)
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
-            rec["val_success"] = (await evaluate_policy(trainer.policy, server, val, cfg, f"val_step{step + 1}",
-                                                        run_dir)).success_rate
+            res = await evaluate_policy(trainer.policy, server, val, cfg, f"val_step{step + 1}",
+                                        run_dir) if distributed.is_main() else None  # the others wait
+            rec["val_success"] = distributed.broadcast_object(res and res.success_rate, f"validation {step + 1}")
         state["step"] = step + 1
         state["history"].append(rec)
+        distributed.check_same(trainer, f"after step {step + 1}")
         _checkpoint(trainer, run_dir, state)
         _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
              f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "

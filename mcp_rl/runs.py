@@ -22,7 +22,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from . import pipeline
+from . import distributed, pipeline
 from .audit import TOOL_CALLS, log_tool_calls
 from .config import Config, to_dict
 from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
@@ -57,13 +57,23 @@ class Run:
         return int(self.state["step"])
 
     def _commit(self) -> None:
-        write_json_atomic(self.dir / "state.json", self.state)
+        if distributed.is_main():  # under torchrun, rank 0 alone writes the run folder
+            write_json_atomic(self.dir / "state.json", self.state)
+
+    @property
+    def _tool_log(self) -> Path:
+        # One writer per file: ranks other than 0 log their rollouts' tool calls beside rank 0's.
+        return self.dir / (TOOL_CALLS if distributed.is_main() else f"tool_calls.rank{distributed.rank()}.jsonl")
 
     async def trainer(self, trainer=None):
         """The trainer at the recorded step: built once per process (or `trainer` given), then synced."""
         key = f"{self.dir.resolve()}|{self.cfg.model}|{self.cfg.train.backend}"
         trainer = trainer or self._trainer or _LOADED.get(key)
         if trainer is None:
+            if distributed.active():  # the same LoRA init on every rank (check_same below verifies it)
+                import torch
+
+                torch.manual_seed(self.cfg.train.seed)
             trainer = pipeline.build_trainer(self.cfg)
             if hasattr(trainer, "register"):  # ART: starts vLLM and Unsloth on the GPU
                 await trainer.register()
@@ -82,6 +92,7 @@ class Run:
                              f"open_run(cfg, fresh=True) starts a new run")
         trainer._run_key, trainer._run_step = key, self.step
         self._trainer = _LOADED[key] = trainer
+        distributed.check_same(trainer, "trainer at the recorded step")
         return trainer
 
     def _need_trainer(self):
@@ -92,7 +103,16 @@ class Run:
     async def evaluate(self, label: str, server, scenarios) -> EvalResult:
         """Evaluate the current policy as `label`; a result saved for this step is loaded, not redone.
 
-        "base" is the step-0 policy by definition: once the run is past step 0 it is only ever loaded."""
+        "base" is the step-0 policy by definition: once the run is past step 0 it is only ever loaded.
+        Under torchrun rank 0 evaluates (and writes); the other ranks wait and take its result and state."""
+        if not distributed.active():
+            return await self._evaluate(label, server, scenarios)
+        result = await self._evaluate(label, server, scenarios) if distributed.is_main() else None
+        result, self.state = distributed.broadcast_object((result, self.state), f"evaluation {label!r}")
+        self.results[label] = result
+        return result
+
+    async def _evaluate(self, label: str, server, scenarios) -> EvalResult:
         trainer = self._need_trainer()
         saved = self.dir / f"eval_{label}.jsonl"
         if label == "base" and self.state["phase"] != "new":
@@ -105,7 +125,7 @@ class Run:
             result = load_eval(self.dir, label)
             print(f"{label}: evaluated earlier at step {self.step} of this run | {result.line()}")
         else:
-            with log_tool_calls(self.dir / TOOL_CALLS):
+            with log_tool_calls(self._tool_log):
                 result = await pipeline.evaluate_policy(trainer.policy, server, scenarios, self.cfg, label, self.dir)
             self.state["evals"][label] = self.step
             if label == "base":
@@ -125,7 +145,7 @@ class Run:
             return None
         rec = None
         if self.cfg.train.warm_start_scenarios:
-            with log_tool_calls(self.dir / TOOL_CALLS):
+            with log_tool_calls(self._tool_log):
                 rec = {"step": 0, "phase": "warm_start", **await pipeline.warm_start(trainer, server, train, self.cfg)}
             self.state["history"].append(rec)
         else:
@@ -146,7 +166,7 @@ class Run:
         elif self.step:
             print(f"train: resuming at step {self.step} of {self.cfg.train.steps}")
         self.state["phase"] = "training"
-        with log_tool_calls(self.dir / TOOL_CALLS):
+        with log_tool_calls(self._tool_log):
             self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, val)
         trainer._run_step = self.step
         return self.state
@@ -162,22 +182,26 @@ class Run:
 def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True) -> Run:
     """The run in `cfg.out`: new if the folder is empty, else the recorded one (resume=True) or,
     with fresh=True, a new sibling folder `<out>-<time>` (cfg.out is updated to it)."""
+    distributed.init()  # under torchrun (WORLD_SIZE > 1): join the process group; else nothing
     out = Path(cfg.out)
-    holds_run = out.exists() and any(out.iterdir())
-    if holds_run and fresh:
-        out = out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    holds_run = distributed.broadcast_object(out.exists() and any(out.iterdir()), "run folder")  # rank 0's view
+    if holds_run and fresh:  # rank 0 names the new folder (the ranks' clocks may tick apart)
+        out = distributed.broadcast_object(out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}"), "run folder")
         cfg = dataclasses.replace(cfg, out=str(out))
         holds_run = False
     elif holds_run and not resume:
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or --out a new folder")
-    out.mkdir(parents=True, exist_ok=True)
+    if distributed.is_main():
+        out.mkdir(parents=True, exist_ok=True)
     run = Run(cfg)
+    run.state = distributed.broadcast_object(run.state, "run state")  # rank 0's record, on every rank
     if holds_run and run.state["phase"] != "new":
         print(f"run {out}: resuming the recorded run at step {run.step} (phase {run.state['phase']}); "
               f"FRESH_RUN / fresh=True starts a new folder")
     else:
         print(f"run {out}: new run")
-    write_json_atomic(out / "config.json", to_dict(cfg))
+    if distributed.is_main():
+        write_json_atomic(out / "config.json", to_dict(cfg))
     return run
 
 
@@ -201,8 +225,9 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
         await r.evaluate("trained", server, test)
         r.state["phase"] = "done"
         r._commit()
-    report = r.report()
-    print(f"report: {report}", flush=True)
+    report = r.report() if distributed.is_main() else None
+    if report is not None:
+        print(f"report: {report}", flush=True)
     return {**r.results, "report": report, "trainer": trainer}
 
 

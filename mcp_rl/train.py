@@ -43,6 +43,7 @@ import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from art.preprocessing.tokenize import tokenize_trajectory, tokenize_trajectory_groups
 from art.trajectories import History
+from . import distributed
 from .local_policy import art_tokenizer
 
 log = logging.getLogger(__name__)
@@ -248,8 +249,14 @@ class PortableTrainer:
         new = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
         return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)
 
+    @staticmethod
+    def _by_length(seqs: list[dict]) -> list[dict]:
+        # ART shuffles each group with the unseeded `random`: ties broken by content, so every rank
+        # sorts the same sequences into the same order before taking its share.
+        return sorted(seqs, key=lambda s: (len(s["ids"]), s["ids"], s["mask"], s["adv"]))
+
     def _micro_batches(self, seqs: list[dict]) -> list[list[dict]]:
-        seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # similar lengths together: less padding
+        seqs = self._by_length(seqs)  # similar lengths together: less padding
         return [seqs[i:i + self.micro_batch_size] for i in range(0, len(seqs), self.micro_batch_size)]
 
     def _sequence(self, result: Any) -> dict:
@@ -312,13 +319,17 @@ class PortableTrainer:
                 was_training = self.model.training
                 self.model.train()
                 try:
-                    for batch in self._micro_batches(seqs):
+                    # Under torch.distributed every rank holds the whole step (mcp_rl/distributed.py):
+                    # each backpropagates its share, normalised by the whole step's `constant`.
+                    for batch in self._micro_batches(distributed.shard(self._by_length(seqs))):
                         new, old, mask = self._logprobs(batch)
                         adv = torch.tensor([s["adv"] for s in batch], device=self.device)
                         loss = grpo_loss(new, old, adv, mask, kind=self.loss, epsilon=self.epsilon, constant=constant)
                         self._backward(loss)
                         metrics["loss"] += float(loss.detach())
                         metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
+                    distributed.all_reduce_grads(self.params)
+                    metrics["loss"], metrics["num_tokens"] = distributed.total([metrics["loss"], metrics["num_tokens"]])
                     metrics["grad_norm"] = self._update(self.optimizer)
                 finally:
                     self.model.train(was_training)
@@ -370,11 +381,13 @@ class PortableTrainer:
             was_training, nll = self.model.training, 0.0
             self.model.train()
             try:
-                for batch in self._micro_batches(seqs):
+                for batch in self._micro_batches(distributed.shard(self._by_length(seqs))):  # as in train_step
                     new, _, mask = self._logprobs(batch)
                     loss = -(new * mask).sum() / n_tokens
                     self._backward(loss)
                     nll += float(loss.detach())
+                distributed.all_reduce_grads(self.params)
+                nll = distributed.total(nll)
                 grad_norm = self._update(self._sft_optimizer)
             finally:
                 self.model.train(was_training)

@@ -165,3 +165,27 @@ def test_train_and_demo_flags_set_the_config(monkeypatch):
     assert cfg.rollout.tool_policy.allow == ("list_tables", "run_query")
     assert cli.main(["train", "--set", "allow_side_effects=true"]) == 0 and seen[-1].allow_side_effects
     assert cli.main(["train"]) == 0 and seen[-1].server_tools is None and not seen[-1].allow_side_effects
+
+
+def test_train_worker_flags_set_the_config(monkeypatch):
+    import mcp_rl.runs
+
+    seen = []
+
+    async def fake_run(cfg, resume=False):
+        seen.append(cfg)
+
+    monkeypatch.setattr(mcp_rl.runs, "run", fake_run)
+    monkeypatch.delenv("MCP_RL_WORKER_TOKEN", raising=False)
+    assert cli.main(["train", "--workers", "http://127.0.0.1:8101, http://127.0.0.1:8102", "--worker-token", "t",
+                     "--policy-port", "8200"]) == 0
+    cfg = seen[-1]
+    assert (cfg.rollout_workers, cfg.worker_token, cfg.policy_port) == (
+        ["http://127.0.0.1:8101", "http://127.0.0.1:8102"], "t", 8200)
+    assert cli.main(["train"]) == 0 and seen[-1].rollout_workers == [] and seen[-1].worker_token is None
+    assert cli.main(["train", "--workers", "127.0.0.1:8101"]) == 2  # a URL without http:// is one error line
+
+
+def test_rollout_worker_refuses_a_bad_port(capsys):
+    assert cli.main(["rollout-worker", "--server", "company", "--port", "0"]) == 2
+    assert "--port must be in 1..65535" in capsys.readouterr().err

@@ -48,6 +48,8 @@ def test_overrides_parse_values():
     (["train.backend=tpu"], "backend must be"),
     (["rollout.max_turns=0"], "max_turns"),
     (["load_in_4bit=true"], "needs CUDA"),
+    (["rollout_workers=[127.0.0.1:8101]"], "http"),
+    (["policy_port=70000"], "policy_port"),
 ])
 def test_bad_values_say_how_to_fix(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -1,0 +1,67 @@
+"""Helper for tests/test_distributed.py (not a test itself): the whole `mcp_rl.run` pipeline under torchrun,
+on the tiny random Llama of tests/test_pipeline.py and the company server (one per rank) on 127.0.0.1.
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/ddp_pipeline_run.py OUT STEPS [--resume] [--die-at STEP]
+
+`--die-at STEP`: rank 1 exits (as a crash) when step STEP starts its rollouts.
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from mcp_rl import distributed, pipeline, runs  # noqa: E402
+from mcp_rl.config import apply_overrides, preset  # noqa: E402
+
+
+def build(cfg):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
+    from mcp_rl.train import PortableTrainer
+
+    tok = load_local_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    policy = LocalPolicy(LlamaForCausalLM(config).eval(), tok, name="tiny")
+    return PortableTrainer(policy, learning_rate=1e-3, micro_batch_size=2, max_seq_len=4096)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("steps", type=int)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--die-at", type=int, default=0)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    cfg = apply_overrides(preset("cpu", server="company"), [
+        f"out={a.out}", f"train.steps={a.steps}", "train.groups_per_step=2", "train.group_size=2",
+        "train.warm_start_scenarios=2", "train.eval_scenarios=2", "rollout.max_turns=6", "rollout.max_tokens=12",
+        "rollout.concurrency=4"])
+    pipeline.build_trainer = build
+    step = pipeline.train_step
+
+    async def dying(trainer, server, batch, cfg, n):
+        if n + 1 == a.die_at and distributed.rank() == 1:
+            os._exit(3)
+        return await step(trainer, server, batch, cfg, n)
+
+    pipeline.train_step = dying
+    try:
+        asyncio.run(runs.run(cfg, resume=a.resume))
+    except distributed.RankFailed as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
