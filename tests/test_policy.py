@@ -3,7 +3,6 @@
     .venv/bin/python -m pytest tests/test_policy.py -q
 """
 
-import asyncio
 import json
 import socket
 import threading
