@@ -121,7 +121,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from transformers import AutoTokenizer
 
-    from mcp_rl.local_policy import _gguf_dir
+    from mcp_rl.models import _gguf_dir
     with tempfile.TemporaryDirectory() as tmp:
         AutoTokenizer.from_pretrained(_gguf_dir(), gguf_file=GGUF).save_pretrained(Path(tmp) / "tok")
         with tarfile.open(common / "tok.tar.xz", "w:xz") as tar:
