@@ -58,6 +58,11 @@ class TrainConfig:
     warm_start_epochs: int = _f(1, "passes over the demonstrations")
     warm_start_lr: float = _f(2e-4, "warm-start learning rate")
     warm_start_batch_size: int = _f(4, "demonstrations per warm-start update")
+    warm_start_gate_scenarios: int = _f(0, "quality gate: training scenarios (after the demonstrations' ones) the "
+                                        "warm-start policy plays before RL; 0 = no gate")
+    warm_start_max_tool_errors: float = _f(1.0, "quality gate: most failing tool calls per gate episode it accepts")
+    warm_start_min_completed: float = _f(0.9, "quality gate: least share of gate episodes that end in complete_task")
+    warm_start_max_extra_epochs: int = _f(2, "quality gate: most extra warm-start epochs it adds while not met")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (long sequences, big models)")
     precision: str = _f("auto", "training precision: 'auto' (bf16 on GPUs with it, fp16 + loss scaling on those "
                                  "without, e.g. a T4; fp32 on a CPU), 'bf16' (also on CPU: ~2x faster there), "
@@ -82,6 +87,18 @@ class TrainConfig:
             raise ValueError(f"train.precision must be 'auto', 'bf16', 'fp16' or 'fp32', got {self.precision!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if self.warm_start_gate_scenarios < 0 or self.warm_start_max_extra_epochs < 0:
+            raise ValueError("train.warm_start_gate_scenarios and train.warm_start_max_extra_epochs must be >= 0 "
+                             f"(got {self.warm_start_gate_scenarios}, {self.warm_start_max_extra_epochs})")
+        if self.warm_start_gate_scenarios and not self.warm_start_scenarios:
+            raise ValueError("train.warm_start_gate_scenarios checks a warm start: set train.warm_start_scenarios "
+                             "too, or the gate to 0")
+        if not 0.0 <= self.warm_start_min_completed <= 1.0:
+            raise ValueError(f"train.warm_start_min_completed is a share of episodes in [0, 1], got "
+                             f"{self.warm_start_min_completed}")
+        if self.warm_start_max_tool_errors < 0:
+            raise ValueError(f"train.warm_start_max_tool_errors is a count per episode (>= 0), got "
+                             f"{self.warm_start_max_tool_errors}")
         if self.backend == "art":
             check_art_settings(self.max_seq_len, self.logprob_chunk_size, self.lora_r, prefix="train.")
 

@@ -133,10 +133,47 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
                    for g in groups for t in g.trajectories}
         raise ValueError(f"no demonstration completed ({'; '.join(sorted(reasons))[:300]}); a demonstration needs "
                          f"about 5 turns (rollout.max_turns is {cfg.rollout.max_turns})")
-    metrics = await _maybe_async(trainer.warm_start(demos, epochs=cfg.train.warm_start_epochs,
-                                                    learning_rate=cfg.train.warm_start_lr,
-                                                    batch_size=cfg.train.warm_start_batch_size))
-    return {"demonstrations": len(demos), **metrics}
+    t = cfg.train
+    metrics = await _maybe_async(trainer.warm_start(demos, epochs=t.warm_start_epochs, learning_rate=t.warm_start_lr,
+                                                    batch_size=t.warm_start_batch_size))
+    rec = {"demonstrations": len(demos), **metrics}
+    if t.warm_start_gate_scenarios:
+        rec.update(gate := await warm_start_gate(trainer, server, demos, train, cfg))
+        rec["epochs"] = float(t.warm_start_epochs + gate["gate_extra_epochs"])
+    return rec
+
+
+def gate_scenarios(train, cfg: Config) -> list:
+    """The gate's scenarios: training ones after the demonstrations' (so it measures what the
+    demonstrations taught, not their recall), the first ones when the split has no others."""
+    rest = train[cfg.train.warm_start_scenarios:] or train
+    return rest[: cfg.train.warm_start_gate_scenarios]
+
+
+async def warm_start_gate(trainer, server, demos, train, cfg: Config) -> dict:
+    """Play the gate scenarios with the warm-start policy (eval settings); while its tool errors per
+    episode or its completion rate miss the thresholds, one more warm-start epoch, at most
+    `warm_start_max_extra_epochs`. Returns the gate's record (each check, passed or not)."""
+    t, scenarios, checks = cfg.train, gate_scenarios(train, cfg), []
+    while True:
+        r = await evaluate_policy(trainer.policy, server, scenarios, cfg, f"warm_start_gate{len(checks)}")
+        passed = r.mean_tool_errors <= t.warm_start_max_tool_errors and r.completed_rate >= t.warm_start_min_completed
+        checks.append({"epochs": t.warm_start_epochs + len(checks), "tool_errors": r.mean_tool_errors,
+                       "completed_rate": r.completed_rate, "success_rate": r.success_rate, "passed": passed})
+        extra = len(checks) - 1
+        verdict = (f"warm-start gate | {r.mean_tool_errors:.2f} tool errors per episode (at most "
+                   f"{t.warm_start_max_tool_errors:g}), completed {r.completed_rate:.0%} (at least "
+                   f"{t.warm_start_min_completed:.0%}), n={r.n}")
+        if passed or extra >= t.warm_start_max_extra_epochs:
+            _log(f"{verdict}: {'passed' if passed else 'NOT met'} after {extra} extra epoch(s)"
+                 + ("" if passed else "; RL starts from this policy anyway (raise train.warm_start_max_extra_epochs)"))
+            break
+        _log(f"{verdict}: one more epoch ({extra + 1}/{t.warm_start_max_extra_epochs})")
+        more = await _maybe_async(trainer.warm_start(demos, epochs=1, learning_rate=t.warm_start_lr,
+                                                     batch_size=t.warm_start_batch_size, seed=extra + 1))
+        checks[-1]["next_epoch_nll"] = more.get("nll_last_epoch")
+    return {"gate": checks, "gate_passed": checks[-1]["passed"], "gate_extra_epochs": len(checks) - 1,
+            "gate_tool_errors": checks[-1]["tool_errors"], "gate_completed_rate": checks[-1]["completed_rate"]}
 
 
 async def _maybe_async(value):
@@ -205,5 +242,5 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
     return state
 
 
-__all__ = ["load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop", "step_batch",
-           "build_trainer", "open_server", "rollout_config", "check_tools"]
+__all__ = ["load_splits", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios", "train_step",
+           "train_loop", "step_batch", "build_trainer", "open_server", "rollout_config", "check_tools"]
