@@ -69,6 +69,10 @@ class TrainConfig:
                                  "without, e.g. a T4; fp32 on a CPU), 'bf16' (also on CPU: ~2x faster there), "
                                  "'fp16' (autocast with dynamic loss scaling, float16 weights), 'fp32'")
     eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only before and after)")
+    eval_every_split: str = _f("val", "split evaluated every eval_every steps: 'val', or 'test' for a curve of "
+                               "held-out success (reported only, never used to pick a step)")
+    eval_every_scenarios: int = _f(0, "scenarios in each periodic evaluation: the first N of that split (0 = all "
+                                   "of it, at most eval_scenarios)")
     eval_scenarios: int = _f(32, "held-out (test split) scenarios evaluated before and after training")
     eval_warm_start: bool = _f(True, "also evaluate the warm-start-only policy (RL vs supervised on the same scenarios)")
     eval_temperature: float = _f(0.0, "sampling temperature for evaluation (0 = greedy)")
@@ -88,6 +92,10 @@ class TrainConfig:
             raise ValueError(f"train.precision must be 'auto', 'bf16', 'fp16' or 'fp32', got {self.precision!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if self.eval_every_split not in ("val", "test"):
+            raise ValueError(f"train.eval_every_split must be 'val' or 'test', got {self.eval_every_split!r}")
+        if self.eval_every < 0 or self.eval_every_scenarios < 0:
+            raise ValueError("train.eval_every and train.eval_every_scenarios must be >= 0 (0: off / all)")
         if self.warm_start_gate_scenarios < 0 or self.warm_start_max_extra_epochs < 0:
             raise ValueError("train.warm_start_gate_scenarios and train.warm_start_max_extra_epochs must be >= 0 "
                              f"(got {self.warm_start_gate_scenarios}, {self.warm_start_max_extra_epochs})")

@@ -93,6 +93,12 @@ def build_trainer(cfg: Config):
                            gradient_checkpointing=t.gradient_checkpointing)
 
 
+def periodic_scenarios(cfg: Config, val, test) -> list:
+    """What train_loop evaluates every `eval_every` steps: val, or test for a held-out curve."""
+    pool = list(test if cfg.train.eval_every_split == "test" else val)
+    return pool[: cfg.train.eval_every_scenarios] if cfg.train.eval_every_scenarios else pool
+
+
 def _log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -195,6 +201,7 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     with log_tool_calls(phase=f"step {step + 1}"):
         groups = await gather_rollouts(trainer.policy, server, batch, rollout_config(cfg),
                                        group_size=cfg.train.group_size, desc=f"step {step + 1}")
+    rollout_s = time.monotonic() - t0
     scored, skipped = [], []
     for group, scenario in zip(groups, batch):
         g = await score_group(group, scenario, cfg.reward)
@@ -221,18 +228,22 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     else:
         _log(f"step {step + 1}: every group had zero reward variance; no update (try a larger group_size)")
     rec["seconds"] = round(time.monotonic() - t0, 1)
+    rec["rollout_seconds"] = round(rollout_s, 1)  # the rest is rewards and the update
+    rec["generate_calls"] = getattr(trainer.policy, "generate_calls", None)  # cumulative: batched decodes so far
     return rec
 
 
 async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: dict, val=()) -> dict:
-    """Steps `state["step"]`..`cfg.train.steps`, each committed by an atomic checkpoint."""
+    """Steps `state["step"]`..`cfg.train.steps`, each committed by an atomic checkpoint; every
+    `eval_every` steps `val` (the scenarios of `periodic_scenarios`) is evaluated."""
     while state["step"] < cfg.train.steps:
         step = state["step"]
         batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
         rec = await train_step(trainer, server, batch, cfg, step)
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
-            rec["val_success"] = (await evaluate_policy(trainer.policy, server, val, cfg, f"val_step{step + 1}",
-                                                        run_dir)).success_rate
+            split = cfg.train.eval_every_split
+            rec[f"{split}_success"] = (await evaluate_policy(trainer.policy, server, val, cfg,
+                                                             f"{split}_step{step + 1}", run_dir)).success_rate
         state["step"] = step + 1
         state["history"].append(rec)
         _checkpoint(trainer, run_dir, state)
@@ -243,4 +254,4 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
 
 
 __all__ = ["load_splits", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios", "train_step",
-           "train_loop", "step_batch", "build_trainer", "open_server", "rollout_config", "check_tools"]
+           "train_loop", "step_batch", "periodic_scenarios", "build_trainer", "open_server", "rollout_config", "check_tools"]

@@ -195,3 +195,35 @@ async def test_gate_on_a_real_trainer_takes_its_extra_epoch(company_db, tiny_tra
     assert rec["gate_passed"] is False and rec["gate_extra_epochs"] == 1 and len(rec["gate"]) == 2
     assert trainer.sft_steps == 2 * 2  # two demonstrations, batch 1, two epochs
     assert rec["gate"][0]["completed_rate"] == 0.0 and "next_epoch_nll" in rec["gate"][0]
+
+
+@pytest.mark.parametrize("split, n, want", [("val", 0, ["v0", "v1", "v2"]), ("test", 0, ["t0", "t1", "t2"]),
+                                            ("test", 2, ["t0", "t1"])])
+def test_periodic_scenarios_pick_the_split_and_count(split, n, want):
+    val, test = [Scenario(id=f"v{i}", task="q") for i in range(3)], [Scenario(id=f"t{i}", task="q") for i in range(3)]
+    cfg = apply_overrides(preset("cpu"), [f"train.eval_every_split={split}", f"train.eval_every_scenarios={n}"])
+    assert [s.id for s in pipeline.periodic_scenarios(cfg, val, test)] == want
+
+
+async def test_train_loop_records_a_held_out_curve(tmp_path, company_db):
+    """eval_every=1 on the test split: each step's record carries test_success and its rows are saved."""
+    from mcp_server import build_server
+
+    from mcp_rl.policy import DemonstrationPolicy
+
+    cfg = apply_overrides(preset("cpu"), ["train.steps=2", "train.groups_per_step=1", "train.group_size=2",
+                                          "train.eval_every=1", "train.eval_every_split=test",
+                                          "train.eval_every_scenarios=2", "train.warm_start_scenarios=0"])
+    train, _, test = pipeline.load_splits(cfg)
+
+    class Trainer:  # plays the demonstrations: every group ties, so no update is asked for
+        policy = DemonstrationPolicy(train + test)
+
+        def save(self, path):
+            path.mkdir(parents=True, exist_ok=True)
+
+    state = await pipeline.train_loop(Trainer(), build_server(company_db), train, cfg, tmp_path,
+                                      {"step": 0, "history": []}, pipeline.periodic_scenarios(cfg, [], test))
+    assert [h["test_success"] for h in state["history"]] == [1.0, 1.0]
+    assert (tmp_path / "eval_test_step1.jsonl").exists() and (tmp_path / "eval_test_step2.jsonl").exists()
+    assert all(h["rollout_seconds"] <= h["seconds"] for h in state["history"])
