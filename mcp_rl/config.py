@@ -51,6 +51,9 @@ class TrainConfig:
     lora_r: int = _f(8, "LoRA rank")
     lora_alpha: int = _f(16, "LoRA alpha")
     micro_batch_size: int = _f(4, "sequences per forward/backward pass")
+    micro_batch_tokens: int = _f(0, "portable trainer: fill each forward/backward pass with length-sorted sequences "
+                                 "up to this many padded tokens instead of micro_batch_size sequences (0 = off; "
+                                 "on a large GPU e.g. 65536: fewer, fuller passes, the same update)")
     max_seq_len: int = _f(4096, "longest tokenized trajectory trained on; longer ones are skipped (portable) "
                           "or cut (ART); also ART's context length in vLLM")
     logprob_chunk_size: int = _f(1024, "ART backend: tokens per chunk of its log-prob computation (ART's default "
@@ -85,6 +88,8 @@ class TrainConfig:
             raise ValueError(f"train.loss must be 'dr_grpo' or 'grpo', got {self.loss!r}")
         if self.group_size < 2:
             raise ValueError(f"train.group_size must be >= 2: GRPO compares rollouts of one scenario (got {self.group_size})")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"train.micro_batch_tokens must be >= 0 (0 = off), got {self.micro_batch_tokens}")
         for name in ("steps", "groups_per_step", "micro_batch_size", "max_seq_len", "lora_r"):
             if getattr(self, name) < (0 if name == "steps" else 1):
                 raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")

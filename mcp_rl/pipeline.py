@@ -90,7 +90,7 @@ def build_trainer(cfg: Config):
                          max_batch=cfg.policy_batch)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                            loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
-                           gradient_checkpointing=t.gradient_checkpointing)
+                           gradient_checkpointing=t.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens)
 
 
 def periodic_scenarios(cfg: Config, val, test) -> list:
