@@ -60,8 +60,12 @@ class LocalPolicy:
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_batch: int = 8,
                  batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
-                 cuda_graph: bool = True):
+                 cuda_graph: bool = True, batch_gap_s: float | None = None):
         self.model, self.tokenizer, self.name = model, tokenizer, name
+        # None: a batch waits `batch_wait_s` after its first request. A gap: it closes as soon as no new
+        # request came for `batch_gap_s` (still at most `batch_wait_s`), so a wave of rollouts returning
+        # from their tool calls over a second joins one decode instead of splitting at a fixed window.
+        self.batch_gap_s = batch_gap_s
         self.cuda_graph = cuda_graph
         self.max_batch, self.batch_wait_s, self.tool_prefix = max_batch, batch_wait_s, tool_prefix
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
@@ -116,8 +120,11 @@ class LocalPolicy:
             batch = [await self._queue.get()]
             deadline = loop.time() + self.batch_wait_s
             while len(batch) < self.max_batch:
+                wait = max(0.0, deadline - loop.time())
+                if self.batch_gap_s is not None:
+                    wait = min(wait, self.batch_gap_s)
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), max(0.0, deadline - loop.time())))
+                    batch.append(await asyncio.wait_for(self._queue.get(), wait))
                 except asyncio.TimeoutError:
                     break
             groups: dict[tuple, list[_Request]] = {}  # one generate per sampling setting

@@ -168,6 +168,21 @@ async def test_batched_generation_matches_one_at_a_time(tok, tiny, tool_prefix):
         assert b.message.content.startswith('<tool_call>\n{"name": "') == tool_prefix
 
 
+@pytest.mark.parametrize("wait, gap, calls", [
+    (0.15, None, 2),   # a fixed window from the first request splits requests 0.1 s apart over 0.3 s
+    (2.0, 0.3, 1),     # a gap wait keeps collecting while they keep coming: one decode
+])
+async def test_a_gap_wait_joins_a_spread_wave_into_one_decode(tok, tiny, wait, gap, calls):
+    policy = LocalPolicy(tiny, tok, batch_wait_s=wait, batch_gap_s=gap)
+
+    async def late(k):
+        await asyncio.sleep(0.1 * k)
+        return await policy.complete(CONVERSATIONS[k % 3], [], max_tokens=2, temperature=0)
+
+    await asyncio.gather(*[late(k) for k in range(4)])
+    assert policy.generate_calls == calls
+
+
 async def test_each_request_keeps_its_own_max_tokens(tok, tiny):
     policy = LocalPolicy(tiny, tok)
     short, long = await asyncio.gather(policy.complete(CONVERSATIONS[0], [], max_tokens=3, temperature=0),
