@@ -67,7 +67,8 @@ def heldout_file(src: str, dst: Path) -> dict:
     return counts
 
 
-def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: str | None, shape: str = "smollm2"):
+def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: str | None, shape: str = "smollm2",
+                  batch_gap_s: float | None = None):
     """pipeline.build_trainer, with a LocalPolicy batch as wide as the rollout concurrency.
 
     The library's LocalPolicy batches at most 8 requests per generate, after waiting 20 ms for
@@ -93,9 +94,10 @@ def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: s
         model, tok = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
     t = cfg.train
     policy = LocalPolicy(model, tok, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix, max_batch=max_batch,
-                         batch_wait_s=batch_wait_s)
+                         batch_wait_s=batch_wait_s, batch_gap_s=batch_gap_s)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
-                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision)
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
+                           micro_batch_tokens=t.micro_batch_tokens)
 
 
 class Paused(Exception):
@@ -256,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=540.0, help="wall-clock budget of the whole script")
     ap.add_argument("--max-batch", type=int, default=None, help="LocalPolicy batch (default: rollout concurrency)")
     ap.add_argument("--batch-wait-s", type=float, default=0.3, help="LocalPolicy: wait this long to fill a batch")
+    ap.add_argument("--batch-gap-s", type=float, default=None, help="LocalPolicy: close a batch once no request came "
+                    "for this long (still at most --batch-wait-s); default: wait the full --batch-wait-s")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None,
                     help="SmolLM2-shaped random weights with this tokenizer: tests the machinery, proves nothing")
     ap.add_argument("--random-shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
@@ -289,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     trainer = build_trainer(cfg, max_batch=args.max_batch or cfg.rollout.concurrency,
-                            batch_wait_s=args.batch_wait_s, random_weights=args.random_weights,
+                            batch_wait_s=args.batch_wait_s, batch_gap_s=args.batch_gap_s, random_weights=args.random_weights,
                             shape=args.random_shape)
     timings: dict = {"load_s": time.monotonic() - start}
     metrics = run_dir / "metrics.jsonl"
