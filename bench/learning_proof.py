@@ -67,7 +67,8 @@ def heldout_file(src: str, dst: Path) -> dict:
     return counts
 
 
-def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: str | None, shape: str = "smollm2"):
+def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: str | None, shape: str = "smollm2",
+                  batch_gap_s: float | None = None):
     """pipeline.build_trainer, with a LocalPolicy batch as wide as the rollout concurrency.
 
     The library's LocalPolicy batches at most 8 requests per generate, after waiting 20 ms for
@@ -93,9 +94,10 @@ def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: s
         model, tok = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
     t = cfg.train
     policy = LocalPolicy(model, tok, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix, max_batch=max_batch,
-                         batch_wait_s=batch_wait_s)
+                         batch_wait_s=batch_wait_s, batch_gap_s=batch_gap_s)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
-                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision)
+                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
+                           micro_batch_tokens=t.micro_batch_tokens)
 
 
 class Paused(Exception):
@@ -124,10 +126,11 @@ def install_deadline(cfg, start: float, deadline_s: float, timings: dict, *, pau
     async def budgeted_step(trainer, server, batch, cfg_, step):
         rec = await train_step(trainer, server, batch, cfg_, step)
         timings.setdefault("step_s", []).append(rec["seconds"])
-        evals = timings.get("eval_s", {}).values()
-        final_eval = 1.5 * max(evals, default=60.0) + 20.0  # RL rollouts can get longer; plus the report
+        evals = timings.get("eval_s", {})
+        final_eval = 1.5 * max(evals.values(), default=60.0) + 20.0  # RL rollouts can get longer; plus the report
         left = deadline_s - (time.monotonic() - start)
-        longest = max(timings["step_s"]) * 1.1
+        # a step, plus the held-out curve's evaluation that may follow it (train.eval_every)
+        longest = max(timings["step_s"]) * 1.1 + max((v for k, v in evals.items() if "_step" in k), default=0.0)
         spent = trained_s + sum(timings["step_s"])
         if spent + longest > train_budget_s and cfg_.train.steps > step + 1:
             print(f"training budget: {spent:.0f} of {train_budget_s:.0f} s spent: stopping after step {step + 1}",
@@ -161,13 +164,48 @@ def compare(final: list[dict], other: list[dict], min_gap: float) -> dict:
             "meets_2se_unpaired": gap > 2 * se_unpaired, "meets_2se_paired": gap > 2 * se_paired}
 
 
-def proof_tables(run_dir: Path, timings: dict, history: list[dict]) -> dict:
+def held_out_curve(rows: dict, history: list[dict]) -> list[dict]:
+    """Held-out success by GRPO step: the warm start (step 0), every periodic evaluation, the final one."""
+    rate = lambda rs: sum(r["verified"] >= 0.999 for r in rs) / max(len(rs), 1)  # noqa: E731
+    steps = [h for h in history if "reward_mean" in h]
+    curve = [{"step": 0, "success": rate(rows["warm_start"]), "n": len(rows["warm_start"]), "label": "warm_start"}] \
+        if "warm_start" in rows else []
+    for h in steps:
+        for split in ("test", "val"):
+            if f"{split}_success" in h:
+                curve.append({"step": h["step"], "success": h[f"{split}_success"], "label": f"{split}_step{h['step']}"})
+    if "trained" in rows:
+        curve.append({"step": len(steps), "success": rate(rows["trained"]), "n": len(rows["trained"]), "label": "trained"})
+    return curve
+
+
+def plot_curve(run_dir: Path, curve: list[dict], history: list[dict]) -> None:
+    """curve.png: held-out success and training-rollout success by step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h for h in history if "reward_mean" in h]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([c["step"] for c in curve], [c["success"] for c in curve], marker="o", label="held-out (greedy)")
+    ax.plot([h["step"] for h in steps], [h["success_rate"] for h in steps], alpha=0.5, label="training rollouts")
+    ax.set_xlabel("GRPO step"), ax.set_ylabel("verified success"), ax.legend(), ax.set_title(run_dir.name)
+    fig.tight_layout(), fig.savefig(run_dir / "curve.png", dpi=110), plt.close(fig)
+
+
+def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dict | None = None) -> dict:
+    targets = targets or TARGETS
     rows = {label: [json.loads(x) for x in (run_dir / f"eval_{label}.jsonl").read_text().splitlines() if x.strip()]
             for label in ("base", "warm_start", "trained") if (run_dir / f"eval_{label}.jsonl").exists()}
     steps = [h for h in history if "reward_mean" in h]
+    warm = next((h for h in history if h.get("phase") == "warm_start"), {})
     proof = {"timings": timings, "steps": len(steps),
              "train_seconds": sum(h.get("seconds", 0) for h in steps),
-             "comparisons": {k: compare(rows["trained"], rows[k], gap) for k, gap in TARGETS.items() if k in rows}}
+             "rollout_seconds": sum(h.get("rollout_seconds", 0) for h in steps),
+             "warm_start": {k: v for k, v in warm.items() if k not in ("step", "phase")},
+             "curve": held_out_curve(rows, history),
+             "comparisons": {k: compare(rows["trained"], rows[k], gap) for k, gap in targets.items() if k in rows}}
     lines = ["| final vs | n | final | other | gap | s.e. unpaired | s.e. paired | wins/losses | target | met |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for k, c in proof["comparisons"].items():
@@ -178,10 +216,39 @@ def proof_tables(run_dir: Path, timings: dict, history: list[dict]) -> dict:
                      f"{'yes' if met else ('paired s.e. only' if c['meets_gap'] and c['meets_2se_paired'] else 'no')} |")
     lines += ["", f"GRPO steps: {proof['steps']}, training time {proof['train_seconds']:.0f} s "
               f"(rollouts + updates); evaluations: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.get("eval_s", {}).items())]
+    if warm.get("gate"):
+        lines += ["", "Warm-start gate: " + "; ".join(
+            f"after epoch {c['epochs']}: {c['tool_errors']:.2f} tool errors, {c['completed_rate']:.0%} completed"
+            f" ({'passed' if c['passed'] else 'not met'})" for c in warm["gate"])]
+    if len(proof["curve"]) > 2:
+        lines += ["", "Held-out curve: " + ", ".join(f"step {c['step']} {c['success']:.1%}" for c in proof["curve"])]
     proof["table"] = "\n".join(lines)
+    try:
+        plot_curve(run_dir, proof["curve"], history)
+    except ImportError:
+        pass
     (run_dir / "proof.json").write_text(json.dumps(proof, indent=2, default=str))
     (run_dir / "proof.md").write_text(proof["table"] + "\n")
     return proof
+
+
+RESULT_FILES = ("proof.json", "proof.md", "metrics.jsonl", "state.json", "config.json", "report.md", "summary.json",
+                "eval_*.jsonl", "timings-call*.json", "*.png")
+
+
+def copy_results(run_dir: Path, dest: Path) -> Path:
+    """The run's results without checkpoints or the tool-call log: what bench/results/learning/<run>/ holds."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for pattern in RESULT_FILES:
+        for f in run_dir.glob(pattern):
+            shutil.copy2(f, dest / f.name)
+    derived = run_dir.with_name(run_dir.name + ".scenarios.jsonl")
+    if derived.exists():
+        shutil.copy2(derived, dest / "heldout.scenarios.jsonl")
+    print(f"results: {dest}", flush=True)
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=540.0, help="wall-clock budget of the whole script")
     ap.add_argument("--max-batch", type=int, default=None, help="LocalPolicy batch (default: rollout concurrency)")
     ap.add_argument("--batch-wait-s", type=float, default=0.3, help="LocalPolicy: wait this long to fill a batch")
+    ap.add_argument("--batch-gap-s", type=float, default=None, help="LocalPolicy: close a batch once no request came "
+                    "for this long (still at most --batch-wait-s); default: wait the full --batch-wait-s")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None,
                     help="SmolLM2-shaped random weights with this tokenizer: tests the machinery, proves nothing")
     ap.add_argument("--random-shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
@@ -198,10 +267,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause", action="store_true", help="at the deadline, stop before the final eval (resumable)")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
+    ap.add_argument("--seed", type=int, default=None, help="train.seed; the default --out becomes "
+                    "runs/learning/<config name>-seed<k>")
+    ap.add_argument("--results", default=None, metavar="DIR", help="when the run ends, copy its results (no "
+                    "checkpoints) to DIR/<run folder name>, e.g. bench/results/learning")
+    ap.add_argument("--target-base", type=float, default=TARGETS["base"], help="gap over base to meet")
+    ap.add_argument("--target-warm-start", type=float, default=TARGETS["warm_start"], help="gap over the warm start")
     args = ap.parse_args(argv)
     start = time.monotonic()
     cfg = load_config(args.config)
-    cfg = apply_overrides(cfg, [*args.set, *([f"out={args.out}"] if args.out else [])])
+    out = args.out or (str(ROOT / "runs" / "learning" / f"{Path(args.config).stem}-seed{args.seed}")
+                       if args.seed is not None else None)
+    # --set comes last, so its out= (or train.seed=) wins over the ones --seed derives
+    cfg = apply_overrides(cfg, [*([f"train.seed={args.seed}"] if args.seed is not None else []),
+                                *([f"out={out}"] if out and not args.out else []), *args.set,
+                                *([f"out={args.out}"] if args.out else [])])
     run_dir = Path(cfg.out)
     derived = run_dir.with_name(run_dir.name + ".scenarios.jsonl")
     counts = heldout_file(cfg.scenarios, derived)
@@ -213,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     trainer = build_trainer(cfg, max_batch=args.max_batch or cfg.rollout.concurrency,
-                            batch_wait_s=args.batch_wait_s, random_weights=args.random_weights,
+                            batch_wait_s=args.batch_wait_s, batch_gap_s=args.batch_gap_s, random_weights=args.random_weights,
                             shape=args.random_shape)
     timings: dict = {"load_s": time.monotonic() - start}
     metrics = run_dir / "metrics.jsonl"
@@ -238,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         parts = [json.loads(c.read_text()) for c in calls] + [timings]
         timings = {"calls": parts, "eval_s": {k: v for t in parts for k, v in t.get("eval_s", {}).items()}}
     history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    proof = proof_tables(run_dir, timings, history)
+    proof = proof_tables(run_dir, timings, history, {"base": args.target_base, "warm_start": args.target_warm_start})
+    if args.results:
+        copy_results(run_dir, Path(args.results) / run_dir.name)
     for r in (result.get("base"), result.get("warm_start"), result.get("trained")):
         if r is not None:
             print(r.line())

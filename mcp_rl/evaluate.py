@@ -271,6 +271,21 @@ def _plots(run_dir: Path, results: list[EvalResult], history: list[dict]) -> lis
     return names
 
 
+def _warm_start_lines(history: list[dict]) -> list[str]:
+    """The warm start's row and, with a quality gate, each of its checks (pipeline.warm_start_gate)."""
+    ws = next((h for h in history if h.get("phase") == "warm_start"), None)
+    if ws is None:
+        return []
+    lines = ["", "## Warm start", "", f"{ws.get('demonstrations', 0)} demonstrations, {ws.get('epochs', 0):g} epoch(s), "
+             f"nll {ws.get('nll_last_epoch', float('nan')):.3f}."]
+    if ws.get("gate"):
+        lines += ["", "| quality gate after epoch | tool errors / episode | completed | verified success | passed |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {c['epochs']} | {c['tool_errors']:.2f} | {c['completed_rate']:.0%} | {c['success_rate']:.1%} "
+                  f"| {'yes' if c['passed'] else 'no'} |" for c in ws["gate"]]
+    return lines
+
+
 def write_report(run_dir: str | Path, results: list[EvalResult], history: list[dict], title: str = "mcp-rl run") -> Path:
     """report.md (+ PNG plots) in the run folder; numbers come from the saved rows. With a `base`
     result and another one (`trained`, else the last), two held-out transcripts side by side;
@@ -283,6 +298,7 @@ def write_report(run_dir: str | Path, results: list[EvalResult], history: list[d
     for r in results:
         lines.append(f"| {r.label} | {r.n} | {r.success_rate:.1%} | {r.success_se:.1%} | {r.mean_reward:.3f} "
                      f"| {r.completed_rate:.0%} | {r.mean_turns:.1f} | {r.mean_tool_errors:.2f} |")
+    lines += _warm_start_lines(history)
     if history:
         lines += ["", "## Training steps", "", "| step | reward | verified success | groups trained | skipped | loss | seconds |",
                   "|---|---|---|---|---|---|---|"]

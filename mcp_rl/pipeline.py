@@ -95,7 +95,13 @@ def build_trainer(cfg: Config):
                          max_batch=cfg.policy_batch)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                            loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
-                           gradient_checkpointing=t.gradient_checkpointing)
+                           gradient_checkpointing=t.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens)
+
+
+def periodic_scenarios(cfg: Config, val, test) -> list:
+    """What train_loop evaluates every `eval_every` steps: val, or test for a held-out curve."""
+    pool = list(test if cfg.train.eval_every_split == "test" else val)
+    return pool[: cfg.train.eval_every_scenarios] if cfg.train.eval_every_scenarios else pool
 
 
 def _log(msg: str) -> None:
@@ -139,10 +145,50 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
                    for g in groups for t in g.trajectories}
         raise ValueError(f"no demonstration completed ({'; '.join(sorted(reasons))[:300]}); a demonstration needs "
                          f"about 5 turns (rollout.max_turns is {cfg.rollout.max_turns})")
-    metrics = await _maybe_async(trainer.warm_start(demos, epochs=cfg.train.warm_start_epochs,
-                                                    learning_rate=cfg.train.warm_start_lr,
-                                                    batch_size=cfg.train.warm_start_batch_size))
-    return {"demonstrations": len(demos), **metrics}
+    t = cfg.train
+    metrics = await _maybe_async(trainer.warm_start(demos, epochs=t.warm_start_epochs, learning_rate=t.warm_start_lr,
+                                                    batch_size=t.warm_start_batch_size))
+    rec = {"demonstrations": len(demos), **metrics}
+    if t.warm_start_gate_scenarios:
+        rec.update(gate := await warm_start_gate(trainer, server, demos, train, cfg))
+        rec["epochs"] = float(t.warm_start_epochs + gate["gate_extra_epochs"])
+    return rec
+
+
+def gate_scenarios(train, cfg: Config) -> list:
+    """The gate's scenarios: training ones after the demonstrations' (so it measures what the
+    demonstrations taught, not their recall), the first ones when the split has no others."""
+    rest = train[cfg.train.warm_start_scenarios:] or train
+    return rest[: cfg.train.warm_start_gate_scenarios]
+
+
+async def warm_start_gate(trainer, server, demos, train, cfg: Config) -> dict:
+    """Play the gate scenarios with the warm-start policy (eval settings); while its tool errors per
+    episode or its completion rate miss the thresholds, one more warm-start epoch, at most
+    `warm_start_max_extra_epochs`. Returns the gate's record (each check, passed or not)."""
+    t, scenarios, checks = cfg.train, gate_scenarios(train, cfg), []
+    while True:
+        # Rank 0 decides for every rank: ranks that took different numbers of epochs would deadlock.
+        r = await evaluate_policy(trainer.policy, server, scenarios, cfg,
+                                  f"warm_start_gate{len(checks)}") if distributed.is_main() else None
+        r = distributed.broadcast_object(r, f"warm-start gate check {len(checks)}")
+        passed = r.mean_tool_errors <= t.warm_start_max_tool_errors and r.completed_rate >= t.warm_start_min_completed
+        checks.append({"epochs": t.warm_start_epochs + len(checks), "tool_errors": r.mean_tool_errors,
+                       "completed_rate": r.completed_rate, "success_rate": r.success_rate, "passed": passed})
+        extra = len(checks) - 1
+        verdict = (f"warm-start gate | {r.mean_tool_errors:.2f} tool errors per episode (at most "
+                   f"{t.warm_start_max_tool_errors:g}), completed {r.completed_rate:.0%} (at least "
+                   f"{t.warm_start_min_completed:.0%}), n={r.n}")
+        if passed or extra >= t.warm_start_max_extra_epochs:
+            _log(f"{verdict}: {'passed' if passed else 'NOT met'} after {extra} extra epoch(s)"
+                 + ("" if passed else "; RL starts from this policy anyway (raise train.warm_start_max_extra_epochs)"))
+            break
+        _log(f"{verdict}: one more epoch ({extra + 1}/{t.warm_start_max_extra_epochs})")
+        more = await _maybe_async(trainer.warm_start(demos, epochs=1, learning_rate=t.warm_start_lr,
+                                                     batch_size=t.warm_start_batch_size, seed=extra + 1))
+        checks[-1]["next_epoch_nll"] = more.get("nll_last_epoch")
+    return {"gate": checks, "gate_passed": checks[-1]["passed"], "gate_extra_epochs": len(checks) - 1,
+            "gate_tool_errors": checks[-1]["tool_errors"], "gate_completed_rate": checks[-1]["completed_rate"]}
 
 
 async def _maybe_async(value):
@@ -175,6 +221,7 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
         else:
             groups = await gather_rollouts(trainer.policy, server, mine, rollout_config(cfg),
                                            group_size=cfg.train.group_size, desc=f"step {step + 1}")
+    rollout_s = time.monotonic() - t0
     mine_scored = [await score_group(group, scenario, cfg.reward) for group, scenario in zip(groups, mine)]
     scored, skipped = [], []
     for g, scenario in zip(distributed.unshard_groups(mine_scored, f"step {step + 1} rollouts"), batch):
@@ -203,19 +250,23 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     else:
         _log(f"step {step + 1}: every group had zero reward variance; no update (try a larger group_size)")
     rec["seconds"] = round(time.monotonic() - t0, 1)
+    rec["rollout_seconds"] = round(rollout_s, 1)  # the rest is rewards and the update
+    rec["generate_calls"] = getattr(trainer.policy, "generate_calls", None)  # cumulative: batched decodes so far
     return rec
 
 
 async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: dict, val=()) -> dict:
-    """Steps `state["step"]`..`cfg.train.steps`, each committed by an atomic checkpoint."""
+    """Steps `state["step"]`..`cfg.train.steps`, each committed by an atomic checkpoint; every
+    `eval_every` steps `val` (the scenarios of `periodic_scenarios`) is evaluated."""
     while state["step"] < cfg.train.steps:
         step = state["step"]
         batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
         rec = await train_step(trainer, server, batch, cfg, step)
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
-            res = await evaluate_policy(trainer.policy, server, val, cfg, f"val_step{step + 1}",
+            split = cfg.train.eval_every_split
+            res = await evaluate_policy(trainer.policy, server, val, cfg, f"{split}_step{step + 1}",
                                         run_dir) if distributed.is_main() else None  # the others wait
-            rec["val_success"] = distributed.broadcast_object(res and res.success_rate, f"validation {step + 1}")
+            rec[f"{split}_success"] = distributed.broadcast_object(res and res.success_rate, f"{split} {step + 1}")
         state["step"] = step + 1
         state["history"].append(rec)
         distributed.check_same(trainer, f"after step {step + 1}")
@@ -226,5 +277,5 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
     return state
 
 
-__all__ = ["load_splits", "evaluate_policy", "warm_start", "train_step", "train_loop", "step_batch",
-           "build_trainer", "open_server", "rollout_config", "check_tools"]
+__all__ = ["load_splits", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios", "train_step",
+           "train_loop", "step_batch", "periodic_scenarios", "build_trainer", "open_server", "rollout_config", "check_tools"]

@@ -221,7 +221,7 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
                 await r.evaluate("warm_start", server, test)
         elif (r.dir / "eval_warm_start.jsonl").exists():
             r.results["warm_start"] = load_eval(r.dir, "warm_start")
-        await r.train(server, train, val)
+        await r.train(server, train, pipeline.periodic_scenarios(cfg, val, test))
         await r.evaluate("trained", server, test)
         r.state["phase"] = "done"
         r._commit()

@@ -164,7 +164,7 @@ class PortableTrainer:
                  lora_dropout: float = 0.0, target_modules: str | list[str] = "all-linear",
                  loss: str = "dr_grpo", micro_batch_size: int = 4, max_seq_len: int = 2048,
                  max_grad_norm: float = 1.0, precision: str = "auto", epsilon: float = 0.2,
-                 weight_decay: float = 0.0, gradient_checkpointing: bool = False):
+                 weight_decay: float = 0.0, gradient_checkpointing: bool = False, micro_batch_tokens: int = 0):
         import peft
 
         for attr in ("model", "tokenizer"):
@@ -179,6 +179,10 @@ class PortableTrainer:
             raise ValueError("micro_batch_size >= 1, max_seq_len >= 2 and learning_rate > 0 are required")
         self.policy, self.loss, self.epsilon = policy, loss, epsilon
         self.learning_rate, self.micro_batch_size, self.max_seq_len = learning_rate, micro_batch_size, max_seq_len
+        # > 0: micro-batches hold as many (length-sorted) sequences as fit this many padded tokens, so short
+        # sequences go in fewer, fuller passes; the loss is a sum with a fixed normaliser, so the update is
+        # the same either way (up to float rounding).
+        self.micro_batch_tokens = max(0, int(micro_batch_tokens))
         self.max_grad_norm = max_grad_norm
         self.tokenizer = art_tokenizer(policy.tokenizer)
         model = policy.model
@@ -257,7 +261,14 @@ class PortableTrainer:
 
     def _micro_batches(self, seqs: list[dict]) -> list[list[dict]]:
         seqs = self._by_length(seqs)  # similar lengths together: less padding
-        return [seqs[i:i + self.micro_batch_size] for i in range(0, len(seqs), self.micro_batch_size)]
+        if not self.micro_batch_tokens:
+            return [seqs[i:i + self.micro_batch_size] for i in range(0, len(seqs), self.micro_batch_size)]
+        batches: list[list[dict]] = [[]]
+        for s in seqs:  # sorted ascending: the newest sequence is its batch's longest
+            if batches[-1] and (len(batches[-1]) + 1) * len(s["ids"]) > self.micro_batch_tokens:
+                batches.append([])
+            batches[-1].append(s)
+        return batches
 
     def _sequence(self, result: Any) -> dict:
         return {"ids": list(result.token_ids), "mask": list(result.assistant_mask),

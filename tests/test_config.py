@@ -50,6 +50,10 @@ def test_overrides_parse_values():
     (["load_in_4bit=true"], "needs CUDA"),
     (["rollout_workers=[127.0.0.1:8101]"], "http"),
     (["policy_port=70000"], "policy_port"),
+    (["train.warm_start_scenarios=0", "train.warm_start_gate_scenarios=4"], "gate_scenarios checks a warm start"),
+    (["train.warm_start_gate_scenarios=4", "train.warm_start_min_completed=90"], r"share of episodes in \[0, 1\]"),
+    (["train.warm_start_max_extra_epochs=-1"], "must be >= 0"),
+    (["train.warm_start_max_tool_errors=-0.5"], "count per episode"),
 ])
 def test_bad_values_say_how_to_fix(overrides, message):
     with pytest.raises(ValueError, match=message):

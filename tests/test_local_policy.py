@@ -168,6 +168,21 @@ async def test_batched_generation_matches_one_at_a_time(tok, tiny, tool_prefix):
         assert b.message.content.startswith('<tool_call>\n{"name": "') == tool_prefix
 
 
+@pytest.mark.parametrize("wait, gap, calls", [
+    (0.15, None, 2),   # a fixed window from the first request splits requests 0.1 s apart over 0.3 s
+    (2.0, 0.3, 1),     # a gap wait keeps collecting while they keep coming: one decode
+])
+async def test_a_gap_wait_joins_a_spread_wave_into_one_decode(tok, tiny, wait, gap, calls):
+    policy = LocalPolicy(tiny, tok, batch_wait_s=wait, batch_gap_s=gap)
+
+    async def late(k):
+        await asyncio.sleep(0.1 * k)
+        return await policy.complete(CONVERSATIONS[k % 3], [], max_tokens=2, temperature=0)
+
+    await asyncio.gather(*[late(k) for k in range(4)])
+    assert policy.generate_calls == calls
+
+
 async def test_each_request_keeps_its_own_max_tokens(tok, tiny):
     policy = LocalPolicy(tiny, tok)
     short, long = await asyncio.gather(policy.complete(CONVERSATIONS[0], [], max_tokens=3, temperature=0),
@@ -197,6 +212,37 @@ def test_rows_stop_after_the_token_that_closes_the_tool_call(tok, tiny):
     assert tok.decode(call[:end]) == RAW_CALL and done.tolist() == [True, False]
     assert tokens[0, end:].eq(pad).all() and tokens[0, :end].tolist() == call[:end]
     assert tokens[1].tolist() == other + [pad] * (width - len(other))
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tok):
+    """A random Gemma 3 whose sliding window (4) is far shorter than every prompt here."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                              sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return Gemma3ForCausalLM(config).eval()
+
+
+async def test_sliding_window_layers_decode_as_the_full_forward(tok, tiny_gemma):
+    """Batched, left-padded decoding through the StaticCache gives each row the logprobs of the plain
+    forward pass, whose sliding layers see only the last 4 positions: the window lives in the masks."""
+    policy = LocalPolicy(tiny_gemma, tok)
+    batched = await asyncio.gather(*[policy.complete(m, [], max_tokens=10, temperature=0) for m in CONVERSATIONS])
+    assert (policy.generate_calls, policy.last_batch_size) == (1, 3)
+    for b, messages in zip(batched, CONVERSATIONS):
+        assert len(ids_of(b)) > policy_window(tiny_gemma)  # decoding crosses the window too
+        assert [t.logprob for t in b.logprobs.content] == pytest.approx(
+            forward_logprobs(tiny_gemma, tok, messages, [], ids_of(b)), abs=1e-4)
+
+
+def policy_window(model):
+    from mcp_rl.decoder import sliding_window
+
+    return sliding_window(model.config)
 
 
 async def test_too_long_prompt_is_context_overflow(tok, tiny):

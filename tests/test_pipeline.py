@@ -100,3 +100,114 @@ def test_existing_run_needs_resume(tmp_path):
     import asyncio
     with pytest.raises(ValueError, match="--resume"):
         asyncio.run(run(small_config(tmp_path / "x", 1)))
+
+
+# ---------------------------------------------------------------- the warm-start quality gate
+
+
+class GateTrainer:
+    """A trainer stand-in whose policy fails every tool call until it has had `learns_after`
+    warm-start epochs, then plays the verified demonstrations (a scripted policy, no model)."""
+
+    def __init__(self, scenarios, learns_after: int):
+        from mcp_rl.policy import DemonstrationPolicy, ScriptedPolicy
+
+        good = DemonstrationPolicy(scenarios)
+        bad = lambda m: {"tool": "run_query", "arguments": {"sql": "SELECT * FROM nowhere"}}  # noqa: E731
+        self.epochs, self.calls = 0, []
+        self.policy = ScriptedPolicy(lambda m: good.script(m) if self.epochs >= learns_after else bad(m))
+
+    def warm_start(self, demos, epochs, *, learning_rate, batch_size, seed=0):
+        self.epochs += epochs
+        self.calls.append((epochs, seed))
+        return {"epochs": float(epochs), "nll_first_epoch": 1.0, "nll_last_epoch": 1.0 / self.epochs}
+
+
+@pytest.mark.parametrize("learns_after, max_extra, calls, passed", [
+    (1, 2, [(1, 0)], [True]),                              # usable after the configured epoch: no extra one
+    (2, 2, [(1, 0), (1, 1)], [False, True]),               # one extra epoch, then the gate passes
+    (9, 2, [(1, 0), (1, 1), (1, 2)], [False, False, False]),  # bounded: two extra epochs, then RL anyway
+    (9, 0, [(1, 0)], [False]),
+])
+async def test_warm_start_gate_adds_bounded_epochs_until_met(company_db, capsys, learns_after, max_extra, calls, passed):
+    from mcp_server import build_server
+
+    cfg = apply_overrides(preset("cpu"), [
+        "train.warm_start_scenarios=2", "train.warm_start_gate_scenarios=3", "train.warm_start_max_tool_errors=1",
+        "train.warm_start_min_completed=0.9", f"train.warm_start_max_extra_epochs={max_extra}", "rollout.max_turns=6"])
+    train, _, _ = pipeline.load_splits(cfg)
+    trainer = GateTrainer(train, learns_after)
+    rec = await pipeline.warm_start(trainer, build_server(company_db), train, cfg)
+    assert trainer.calls == calls
+    assert [c["passed"] for c in rec["gate"]] == passed and rec["gate_passed"] is passed[-1]
+    assert rec["gate_extra_epochs"] == len(calls) - 1 and rec["epochs"] == len(calls)
+    for check in rec["gate"]:  # the failing policy errs on every turn and never completes
+        assert (check["tool_errors"], check["completed_rate"]) == ((6.0, 0.0) if not check["passed"] else (0.0, 1.0))
+    assert "NOT met" in capsys.readouterr().out or passed[-1]
+
+
+def test_gate_scenarios_come_after_the_demonstrations():
+    train = [Scenario(id=f"s{i}", task=f"t{i}") for i in range(10)]
+    cfg = apply_overrides(preset("cpu"), ["train.warm_start_scenarios=4", "train.warm_start_gate_scenarios=3"])
+    assert [s.id for s in pipeline.gate_scenarios(train, cfg)] == ["s4", "s5", "s6"]
+    cfg = apply_overrides(cfg, ["train.warm_start_scenarios=10"])
+    assert [s.id for s in pipeline.gate_scenarios(train, cfg)] == ["s0", "s1", "s2"]
+
+
+def test_report_shows_the_gate(tmp_path):
+    from mcp_rl.evaluate import write_report
+
+    history = [{"step": 0, "phase": "warm_start", "demonstrations": 8, "epochs": 2.0, "nll_last_epoch": 0.3,
+                "gate": [{"epochs": 1, "tool_errors": 3.5, "completed_rate": 0.5, "success_rate": 0.0, "passed": False},
+                         {"epochs": 2, "tool_errors": 0.4, "completed_rate": 1.0, "success_rate": 0.25, "passed": True}]}]
+    text = write_report(tmp_path, [], history).read_text()
+    assert "8 demonstrations, 2 epoch(s)" in text and "| 1 | 3.50 | 50% | 0.0% | no |" in text
+    assert "| 2 | 0.40 | 100% | 25.0% | yes |" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_gate_on_a_real_trainer_takes_its_extra_epoch(company_db, tiny_trainer_factory):
+    """A tiny random model never makes a tool call: the gate fails, and its one extra epoch is real SFT steps."""
+    from mcp_server import build_server
+
+    cfg = apply_overrides(small_config("unused", steps=0), [
+        "train.warm_start_gate_scenarios=2", "train.warm_start_max_extra_epochs=1", "train.warm_start_batch_size=1"])
+    train, _, _ = pipeline.load_splits(cfg)
+    trainer = tiny_trainer_factory(cfg)
+    rec = await pipeline.warm_start(trainer, build_server(company_db), train, cfg)
+    assert rec["gate_passed"] is False and rec["gate_extra_epochs"] == 1 and len(rec["gate"]) == 2
+    assert trainer.sft_steps == 2 * 2  # two demonstrations, batch 1, two epochs
+    assert rec["gate"][0]["completed_rate"] == 0.0 and "next_epoch_nll" in rec["gate"][0]
+
+
+@pytest.mark.parametrize("split, n, want", [("val", 0, ["v0", "v1", "v2"]), ("test", 0, ["t0", "t1", "t2"]),
+                                            ("test", 2, ["t0", "t1"])])
+def test_periodic_scenarios_pick_the_split_and_count(split, n, want):
+    val, test = [Scenario(id=f"v{i}", task="q") for i in range(3)], [Scenario(id=f"t{i}", task="q") for i in range(3)]
+    cfg = apply_overrides(preset("cpu"), [f"train.eval_every_split={split}", f"train.eval_every_scenarios={n}"])
+    assert [s.id for s in pipeline.periodic_scenarios(cfg, val, test)] == want
+
+
+async def test_train_loop_records_a_held_out_curve(tmp_path, company_db):
+    """eval_every=1 on the test split: each step's record carries test_success and its rows are saved."""
+    from mcp_server import build_server
+
+    from mcp_rl.policy import DemonstrationPolicy
+
+    cfg = apply_overrides(preset("cpu"), ["train.steps=2", "train.groups_per_step=1", "train.group_size=2",
+                                          "train.eval_every=1", "train.eval_every_split=test",
+                                          "train.eval_every_scenarios=2", "train.warm_start_scenarios=0"])
+    train, _, test = pipeline.load_splits(cfg)
+
+    class Trainer:  # plays the demonstrations: every group ties, so no update is asked for
+        policy = DemonstrationPolicy(train + test)
+
+        def save(self, path):
+            path.mkdir(parents=True, exist_ok=True)
+
+    state = await pipeline.train_loop(Trainer(), build_server(company_db), train, cfg, tmp_path,
+                                      {"step": 0, "history": []}, pipeline.periodic_scenarios(cfg, [], test))
+    assert [h["test_success"] for h in state["history"]] == [1.0, 1.0]
+    assert (tmp_path / "eval_test_step1.jsonl").exists() and (tmp_path / "eval_test_step2.jsonl").exists()
+    assert all(h["rollout_seconds"] <= h["seconds"] for h in state["history"])

@@ -293,3 +293,64 @@ def test_fp16_overflow_skips_the_update_counts_it_and_lowers_the_scale(policy, s
                             precision="fp16")
     again.load(tmp_path / "ckpt")
     assert again.scaler.get_scale() == trainer.scaler.get_scale() and again.skipped_steps == 1
+
+
+# ---- micro-batches by tokens ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_policy():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mcp_rl.models import load_local_tokenizer
+
+    tok = load_local_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval(), tok
+
+
+@pytest.mark.parametrize("budget, sizes", [(0, [2, 2, 1]), (10**6, [5]), (1, [1, 1, 1, 1, 1])])
+def test_micro_batches_by_count_or_by_padded_tokens(tiny_policy, budget, sizes):
+    model, tok = tiny_policy
+    trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
+                              micro_batch_size=2, micro_batch_tokens=budget)
+    seqs = [{"ids": [0] * n} for n in (30, 10, 50, 20, 40)]
+    batches = trainer._micro_batches(seqs)
+    assert [len(b) for b in batches] == sizes
+    assert [len(s["ids"]) for b in batches for s in b] == [10, 20, 30, 40, 50]
+    if budget:
+        assert all(len(b) == 1 or len(b) * len(b[-1]["ids"]) <= budget for b in batches)
+
+
+def test_token_micro_batches_give_the_same_update(tiny_policy):
+    """The loss is a sum over micro-batches with a fixed normaliser: packing changes passes, not the step."""
+    model, tok = tiny_policy
+    texts = ["Yes.", "No, there are three tables here.", "Maybe: a, b and c, and also d, e and f.", "Two."]
+
+    def traj(text, reward):
+        prompt = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=False)
+        ids = tok.encode(text, add_special_tokens=False)
+        content = [ChatCompletionTokenLogprob(token=f"token_id:{i}", logprob=-1.0 - 0.01 * k, bytes=None, top_logprobs=[])
+                   for k, i in enumerate(ids)]
+        choice = Choice(index=0, finish_reason="stop", message=ChatCompletionMessage(role="assistant", content=text),
+                        logprobs=ChoiceLogprobs(content=content))
+        assert prompt
+        return art.Trajectory(messages_and_choices=[*PROMPT, choice], reward=reward)
+
+    groups = [art.TrajectoryGroup([traj(texts[0], 1.0), traj(texts[1], 0.0)]),
+              art.TrajectoryGroup([traj(texts[2], 0.0), traj(texts[3], 1.0)])]
+    after = []
+    for kw in ({"micro_batch_size": 1}, {"micro_batch_tokens": 10**6}):
+        torch.manual_seed(1)  # the same LoRA initialisation
+        trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
+                                  learning_rate=1e-2, precision="fp32", max_seq_len=512, **kw)
+        passes = len(trainer._micro_batches([{"ids": [0]}] * 4))
+        metrics = trainer.train_step(groups)
+        after.append((lora_weights(trainer.model), metrics, passes))
+    (w1, m1, p1), (w2, m2, p2) = after
+    assert (p1, p2) == (4, 1) and m1["num_tokens"] == m2["num_tokens"]
+    assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5)
+    assert any(not torch.equal(w1[n], torch.zeros_like(w1[n])) for n in w1 if "lora_B" in n)
+    for n in w1:
+        torch.testing.assert_close(w1[n], w2[n], rtol=1e-4, atol=1e-6)

