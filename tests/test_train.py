@@ -315,7 +315,7 @@ def test_micro_batches_by_count_or_by_padded_tokens(tiny_policy, budget, sizes):
     model, tok = tiny_policy
     trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
                               micro_batch_size=2, micro_batch_tokens=budget)
-    seqs = [{"ids": [0] * n} for n in (30, 10, 50, 20, 40)]
+    seqs = [{"ids": [0] * n, "mask": [1] * n, "adv": 0.0} for n in (30, 10, 50, 20, 40)]
     batches = trainer._micro_batches(seqs)
     assert [len(b) for b in batches] == sizes
     assert [len(s["ids"]) for b in batches for s in b] == [10, 20, 30, 40, 50]
@@ -345,7 +345,7 @@ def test_token_micro_batches_give_the_same_update(tiny_policy):
         torch.manual_seed(1)  # the same LoRA initialisation
         trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
                                   learning_rate=1e-2, precision="fp32", max_seq_len=512, **kw)
-        passes = len(trainer._micro_batches([{"ids": [0]}] * 4))
+        passes = len(trainer._micro_batches([{"ids": [0], "mask": [1], "adv": 0.0}] * 4))
         metrics = trainer.train_step(groups)
         after.append((lora_weights(trainer.model), metrics, passes))
     (w1, m1, p1), (w2, m2, p2) = after
