@@ -42,6 +42,8 @@ def _f(default, help: str):
 @dataclass
 class TrainConfig:
     backend: str = _f("portable", "'portable' (transformers+peft, CPU or GPU) or 'art' (ART LocalBackend + vLLM, Colab)")
+    loader: str = _f("transformers", "portable backend: 'transformers' (transformers + peft [+ bitsandbytes], CPU or GPU) "
+                     "or 'unsloth' (Unsloth's 4-bit loading, kernels and sampler; CUDA, `pip install 'mcp-rl[unsloth]'`)")
     steps: int = _f(3, "GRPO steps")
     groups_per_step: int = _f(4, "scenarios per step")
     group_size: int = _f(4, "rollouts per scenario (more when rewards show no variance)")
@@ -71,6 +73,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("portable", "art"):
             raise ValueError(f"train.backend must be 'portable' or 'art', got {self.backend!r}")
+        if self.loader not in ("transformers", "unsloth"):
+            raise ValueError(f"train.loader must be 'transformers' or 'unsloth', got {self.loader!r}")
+        if self.loader == "unsloth" and self.backend != "portable":
+            raise ValueError("train.loader='unsloth' is the portable backend's loader (ART brings its own Unsloth): "
+                             "set train.backend=portable or train.loader=transformers")
         if self.loss not in ("dr_grpo", "grpo"):
             raise ValueError(f"train.loss must be 'dr_grpo' or 'grpo', got {self.loss!r}")
         if self.group_size < 2:
