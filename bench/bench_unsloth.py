@@ -104,6 +104,7 @@ def bench_update(trainer, tok, args) -> dict:
 async def bench_sample(policy, args) -> list[dict]:
     from bench_generation import requests, timed
 
+    policy.model.eval()  # a PeftModel starts in train mode: with checkpointing on, no KV cache (see RESULTS)
     await timed(policy, requests(2), 8, concurrent=True)  # warm-up
     rows = []
     for c in (1, 16, 64):
