@@ -194,6 +194,17 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+# Colab T4, the light install (notebooks' INSTALL = "unsloth"): the t4 preset with Unsloth inside the
+# portable trainer instead of ART + vLLM, on Colab's own torch. float16 with loss scaling (a T4 has no
+# bf16); Unsloth's offloaded checkpointing. A whole step of 4 x 6 rollouts of 8 turns peaked at 7.5 GiB
+# allocated on the H200 capped at 15 GiB (bench/RESULTS.md); its sampler is slower than vLLM's.
+PRESETS["t4-unsloth"] = _merge(PRESETS["t4"], {
+    "policy_batch": 24,
+    "rollout": {"concurrency": 24},
+    "train": {"backend": "portable", "loader": "unsloth", "micro_batch_size": 4, "precision": "auto"},
+})
+
+
 def to_dict(cfg: Config) -> dict:
     data = dataclasses.asdict(cfg)
     data["rollout"].pop("tool_policy", None)  # made from server_tools, deny_tools, allow_side_effects

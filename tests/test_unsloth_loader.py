@@ -123,3 +123,20 @@ async def test_concurrent_sampled_turns_are_batched_with_finite_logprobs(tok, fa
     for c in choices:
         assert 1 <= len(c.logprobs.content) <= 8
         assert all(math.isfinite(t.logprob) and t.logprob <= 0 for t in c.logprobs.content)
+
+
+def test_t4_unsloth_preset_is_the_t4_preset_on_the_portable_trainer():
+    from mcp_rl.config import preset
+
+    light, art = preset("t4-unsloth"), preset("t4")
+    assert (light.train.backend, light.train.loader, light.load_in_4bit) == ("portable", "unsloth", True)
+    assert light.model == art.model and light.rollout.max_turns == art.rollout.max_turns
+
+
+def test_pipeline_without_cuda_stops_with_the_one_line(monkeypatch):
+    from mcp_rl.config import preset
+    from mcp_rl.pipeline import build_trainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UnslothUnavailable, match="needs a CUDA GPU"):
+        build_trainer(preset("t4-unsloth"))
