@@ -32,7 +32,7 @@ from .local_policy import SMOLLM2, LocalPolicy, _STOP_STRING, _build_smollm2_cac
 __all__ = ["UnslothUnavailable", "import_unsloth", "load_unsloth_model", "UnslothPolicy", "LORA_TARGETS"]
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-_INSTALL = "pip install 'mcp-rl[unsloth]' on a CUDA GPU (Colab: the tutorial's install cell with INSTALL = "unsloth")"
+_INSTALL = "pip install 'mcp-rl[unsloth]' on a CUDA GPU (Colab: the tutorial's install cell with INSTALL = 'unsloth')"
 
 
 class UnslothUnavailable(RuntimeError):
