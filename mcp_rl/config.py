@@ -43,6 +43,8 @@ def _f(default, help: str):
 @dataclass
 class TrainConfig:
     backend: str = _f("portable", "'portable' (transformers+peft, CPU or GPU) or 'art' (ART LocalBackend + vLLM, Colab)")
+    loader: str = _f("transformers", "portable backend: 'transformers' (transformers + peft [+ bitsandbytes], CPU or GPU) "
+                     "or 'unsloth' (Unsloth's 4-bit loading, kernels and sampler; CUDA, `pip install 'mcp-rl[unsloth]'`)")
     steps: int = _f(3, "GRPO steps")
     groups_per_step: int = _f(4, "scenarios per step")
     group_size: int = _f(4, "rollouts per scenario (more when rewards show no variance)")
@@ -84,6 +86,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("portable", "art"):
             raise ValueError(f"train.backend must be 'portable' or 'art', got {self.backend!r}")
+        if self.loader not in ("transformers", "unsloth"):
+            raise ValueError(f"train.loader must be 'transformers' or 'unsloth', got {self.loader!r}")
+        if self.loader == "unsloth" and self.backend != "portable":
+            raise ValueError("train.loader='unsloth' is the portable backend's loader (ART brings its own Unsloth): "
+                             "set train.backend=portable or train.loader=transformers")
         if self.loss not in ("dr_grpo", "grpo"):
             raise ValueError(f"train.loss must be 'dr_grpo' or 'grpo', got {self.loss!r}")
         if self.group_size < 2:
@@ -227,6 +234,17 @@ def _merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+# Colab T4, the light install (notebooks' INSTALL = "unsloth"): the t4 preset with Unsloth inside the
+# portable trainer instead of ART + vLLM, on Colab's own torch. float16 with loss scaling (a T4 has no
+# bf16); Unsloth's offloaded checkpointing. A whole step of 4 x 6 rollouts of 8 turns peaked at 7.5 GiB
+# allocated on the H200 capped at 15 GiB (bench/RESULTS.md); its sampler is slower than vLLM's.
+PRESETS["t4-unsloth"] = _merge(PRESETS["t4"], {
+    "policy_batch": 24,
+    "rollout": {"concurrency": 24},
+    "train": {"backend": "portable", "loader": "unsloth", "micro_batch_size": 4, "precision": "auto"},
+})
 
 
 def to_dict(cfg: Config) -> dict:

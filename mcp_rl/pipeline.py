@@ -90,6 +90,16 @@ def build_trainer(cfg: Config):
 
     # float16 weights where training runs in float16 (a T4, or precision forced to fp16 on another GPU)
     dtype = "float16" if t.precision == "fp16" else None
+    if t.loader == "unsloth":  # Unsloth's 4-bit model, LoRA and sampler; the same trainer and loss
+        from .unsloth_loader import UnslothPolicy, load_unsloth_model
+
+        model, tokenizer = load_unsloth_model(cfg.model, load_in_4bit=cfg.load_in_4bit, dtype=dtype,
+                                              max_seq_len=t.max_seq_len, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
+                                              seed=t.seed)
+        policy = UnslothPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix,
+                               max_batch=cfg.policy_batch)
+        return PortableTrainer(policy, learning_rate=t.learning_rate, loss=t.loss, micro_batch_size=t.micro_batch_size,
+                               max_seq_len=t.max_seq_len, precision=t.precision)
     model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit, dtype=dtype)
     policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix,
                          max_batch=cfg.policy_batch)

@@ -19,6 +19,16 @@
 # shape (`bench/RESULTS.md`: about 800 sampled tokens/s at 16 concurrent rollouts, 8,400 trained
 # tokens/s in 4 bits) and divide them by 15, the H200/T4 ratio of memory bandwidth (4.8 vs
 # 0.32 TB/s) and, roughly, of float16 tensor throughput.
+#
+# **Which install.** The install cell's `INSTALL` picks one of two Colab stacks:
+# - `"art"` (the default, `PRESET = "t4"`): OpenPipe ART with vLLM 0.9.2 samples, Unsloth trains.
+#   The faster sampler, so pick it for long runs; it replaces Colab's torch with 2.7 and takes
+#   several minutes to install on every new Colab machine.
+# - `"unsloth"` (with `PRESET = "t4-unsloth"`): the light install. Unsloth inside our portable
+#   trainer, on Colab's own torch: no vLLM, no torch reinstall, the same Dr. GRPO loss. On an H200
+#   held to a T4's float16 and 15 GiB its update ran 1.4x faster than peft + bitsandbytes, but its
+#   sampler gave about half the tokens/s of the portable trainer's own (`bench/RESULTS.md`). Pick
+#   it for short runs, quick experiments, or when the ART stack does not install.
 
 # %% tags=["install"]
 # (the install cell: notebooks/install_cell.py, inlined by notebooks/sync.py)
@@ -40,7 +50,7 @@
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides these; CI: PRESET="cpu", MODEL="smollm2", tiny steps)
-PRESET = "t4"                        # t4: ART + vLLM on a Colab T4, cpu: the portable trainer
+PRESET = "t4"                        # t4: ART + vLLM on a Colab T4, t4-unsloth: the light install, cpu: the portable trainer
 MODEL = "Qwen/Qwen2.5-3B-Instruct"   # 4-bit on the T4, or smollm2: the embedded CPU model
 STEPS = 20                           # GRPO steps
 GROUPS_PER_STEP = 4                  # scenarios (tasks) per step

@@ -191,7 +191,7 @@ def fake_repo(tmp_path: Path) -> Path:
     return repo
 
 
-def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False):
+def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False, install="art"):
     """install_cell.py with REPO_URL set, in an empty folder; stand-ins for uv and nvidia-smi log their calls."""
     bin_dir, work = tmp_path / "bin", tmp_path / "work"
     bin_dir.mkdir(exist_ok=True)
@@ -203,7 +203,8 @@ def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False)
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     script = tmp_path / "install.py"
-    script.write_text((NB_DIR / "install_cell.py").read_text().replace('REPO_URL = ""', f'REPO_URL = "{repo_url}"'))
+    script.write_text((NB_DIR / "install_cell.py").read_text().replace('REPO_URL = ""', f'REPO_URL = "{repo_url}"')
+                      .replace('INSTALL = "art"', f'INSTALL = "{install}"'))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLAB_")}
     env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
     if colab:
@@ -368,3 +369,23 @@ def test_bring_your_own_server_runs_on_cpu(tmp_path, venv_kernel):
     assert "refused: refusing to offer the agent tools with side effects: delete_notes" in text
     assert "rollouts: offer 1 tool, all read-only" in text and "no (filtered)" in text
     assert (run / "report.md").is_file() and (run / "merged" / "config.json").is_file()
+
+
+def test_the_light_unsloth_install_keeps_colabs_torch(tmp_path):
+    import numpy
+
+    repo = str(fake_repo(tmp_path))
+    done, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", install="unsloth")
+    assert done.returncode == 0, done.stderr
+    pin = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]["unsloth"]
+    assert calls == [f"pip install --system -q -e .[unsloth] numpy=={numpy.__version__}",
+                     f"pip install --system -q --no-deps {pin}"]  # no torch, no vLLM, no triton step
+    again, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", install="unsloth")
+    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 2
+    other, _ = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")  # the ART stack on top: refused
+    assert other.returncode != 0 and "another install (unsloth" in other.stderr
+
+
+def test_install_rejects_an_unknown_stack(tmp_path):
+    done, _ = run_install(tmp_path, str(fake_repo(tmp_path)), install="vllm")
+    assert done.returncode != 0 and "INSTALL must be 'art' or 'unsloth'" in done.stderr

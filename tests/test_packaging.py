@@ -1,8 +1,9 @@
-"""The package as shipped: every module's doctests, and the install sets (the Colab T4 set must
-resolve for Python 3.12 on manylinux, so a pin that would break Colab fails CI here).
-Run: pytest tests/test_packaging.py"""
+"""The package as shipped: every module's doctests, and the install sets (the Colab T4 sets, ART +
+vLLM and the light Unsloth one, must resolve for Python 3.12 on manylinux, so a pin that would break
+Colab fails CI here). Run: pytest tests/test_packaging.py"""
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -55,3 +56,36 @@ def test_colab_set_resolves_for_python_312(tmp_path):
                 for i in json.loads((tmp_path / "report.json").read_text())["install"]}
     assert resolved["vllm"] == "0.9.2" and resolved["openpipe-art"] == "0.4.11"
     assert resolved["fastmcp"] == "4.2.3"
+
+
+def test_unsloth_extra_leaves_torch_and_vllm_alone():
+    extra = PYPROJECT["project"]["optional-dependencies"]["unsloth"]
+    names = {r.split("[")[0].split("=")[0].split(">")[0].split("<")[0].split("!")[0].strip().lower() for r in extra}
+    assert not names & {"torch", "torchvision", "triton", "xformers", "vllm", "openpipe-art", "unsloth"}
+    assert PYPROJECT["tool"]["mcp-rl"]["unsloth"].startswith("unsloth==")  # installed --no-deps afterwards
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_unsloth_set_resolves_for_python_312(tmp_path):
+    """The light install (metadata only): core + the unsloth extra, then Unsloth alone (--no-deps)."""
+    def resolve(reqs: list[str], report: str, *extra: str) -> dict:
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--disable-pip-version-check", "--target", str(tmp_path / "t"), "--python-version", "3.12",
+               "--only-binary=:all:", "--report", str(tmp_path / report), *extra,
+               *[f"--platform={p}" for p in PLATFORMS], *reqs]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=850)
+        assert proc.returncode == 0, f"the Unsloth set does not resolve:\n{proc.stderr[-4000:]}"
+        return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"]
+                for i in json.loads((tmp_path / report).read_text())["install"]}
+
+    resolved = resolve(PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["unsloth"],
+                       "extra.json")
+    assert resolved["unsloth-zoo"] == "2026.10.9" and resolved["transformers"] == "5.17.0"
+    assert resolved["fastmcp"] == "4.2.3" and resolved["openpipe-art"] == "0.4.11"
+    assert "vllm" not in resolved and "xformers" not in resolved
+    major, minor = (int(x) for x in resolved["torch"].split(".")[:2])
+    assert (2, 4) <= (major, minor) < (2, 15)  # Unsloth's range: the torch Colab has fits
+    alone = resolve([PYPROJECT["tool"]["mcp-rl"]["unsloth"]], "unsloth.json", "--no-deps")
+    assert list(alone) == ["unsloth"]
+    print("resolved:", {k: resolved[k] for k in ("torch", "transformers", "peft", "trl", "bitsandbytes", "unsloth-zoo")})
