@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .local_policy import SMOLLM2, LocalPolicy, _STOP_STRING, _build_smollm2_cache, _cache_dir, load_local_tokenizer
+from .local_policy import _STOP_STRING, LocalPolicy
+from .models import EMBEDDED, SMOLLM2, _build_cache, _cache_dir, load_local_tokenizer
 
 __all__ = ["UnslothUnavailable", "import_unsloth", "load_unsloth_model", "UnslothPolicy", "LORA_TARGETS"]
 
@@ -58,11 +59,11 @@ def import_unsloth() -> Any:
 
 
 def _source(name_or_path: str) -> str:
-    if name_or_path != SMOLLM2:
+    if name_or_path not in EMBEDDED:
         return name_or_path
-    cache = _cache_dir()  # the embedded GGUF as a safetensors folder, which Unsloth can load
+    cache = _cache_dir(name_or_path)  # an embedded GGUF as a safetensors folder, which Unsloth can load
     if not (cache / "model.safetensors").exists():
-        _build_smollm2_cache(cache)
+        _build_cache(name_or_path, cache)
     return str(cache)
 
 
