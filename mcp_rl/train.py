@@ -191,6 +191,9 @@ class PortableTrainer:
                 r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                 target_modules=target_modules, task_type="CAUSAL_LM"))
             policy.model = model
+        # Sampling is the resting state: get_peft_model returns a model in train mode, and with gradient
+        # checkpointing a train-mode forward drops the KV cache, which breaks the decode loop.
+        model.eval()
         self.model = model
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -354,3 +354,22 @@ def test_token_micro_batches_give_the_same_update(tiny_policy):
     assert any(not torch.equal(w1[n], torch.zeros_like(w1[n])) for n in w1 if "lora_B" in n)
     for n in w1:
         torch.testing.assert_close(w1[n], w2[n], rtol=1e-4, atol=1e-6)
+
+
+def test_with_gradient_checkpointing_the_policy_samples_after_an_update(tiny_policy):
+    """The model rests in eval mode: a train-mode forward under checkpointing drops the KV cache the
+    decode loop needs (found on the H200: "The expanded size of the tensor ... must match")."""
+    import asyncio
+
+    from mcp_rl.local_policy import LocalPolicy
+
+    model, tok = tiny_policy
+    policy = LocalPolicy(copy.deepcopy(model), tok, name="tiny")
+    trainer = PortableTrainer(policy, learning_rate=1e-2, precision="fp32", max_seq_len=512, gradient_checkpointing=True)
+    assert not trainer.model.training
+    first = asyncio.run(policy.complete(PROMPT, [], max_tokens=8, temperature=1.0))
+    groups = [art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*PROMPT, first], reward=r) for r in (0.0, 1.0)])]
+    assert trainer.train_step(groups)["updated"] == 1.0
+    assert not trainer.model.training
+    again = asyncio.run(policy.complete(PROMPT, [], max_tokens=8, temperature=1.0))
+    assert again.logprobs.content and policy.step == 1
