@@ -45,17 +45,13 @@ STEPS = [  # per step: groups of (reply, reward)
 
 
 def build(tok_dir: str, loss: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
+    from mcp_rl.local_policy import LocalPolicy
+    from mcp_rl.models import load_local_tokenizer, tiny_llama
     from mcp_rl.train import PortableTrainer
 
     tok = load_local_tokenizer(tok_dir)
-    torch.manual_seed(0)  # same model and LoRA init on every rank (check_same verifies it)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    policy = LocalPolicy(LlamaForCausalLM(config).eval(), tok, name="tiny")
+    # Seed 0: the same model (and so the same LoRA init) on every rank; check_same verifies it.
+    policy = LocalPolicy(tiny_llama(tok, max_position_embeddings=512), tok, name="tiny")
     return PortableTrainer(policy, learning_rate=1e-2, loss=loss, micro_batch_size=2, max_seq_len=256,
                            precision="fp32")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from .chat_templates import GEMMA_TEMPLATE, install_tool_template
 
-__all__ = ["SMOLLM2", "GEMMA3_270M", "EMBEDDED", "load_local_model", "load_local_tokenizer"]
+__all__ = ["SMOLLM2", "GEMMA3_270M", "EMBEDDED", "load_local_model", "load_local_tokenizer", "tiny_llama"]
 
 SMOLLM2 = "smollm2"
 GEMMA3_270M = "gemma3-270m"
@@ -178,3 +178,17 @@ def load_local_model(name_or_path: str = SMOLLM2, *, dtype: Any = None, device: 
         model.to(device)
     model.eval()
     return model, load_local_tokenizer(name_or_path)
+
+
+def tiny_llama(tokenizer: Any, *, max_position_embeddings: int = 4096, seed: int = 0) -> Any:
+    """A 2-layer random Llama (hidden size 32) over `tokenizer`'s vocabulary, in eval mode, the same
+    weights for the same seed: for tests and benches of the plumbing (rollouts, batching, updates,
+    data parallelism), never for claims about learning."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return LlamaForCausalLM(config).eval()

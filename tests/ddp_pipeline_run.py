@@ -21,16 +21,12 @@ from mcp_rl.config import apply_overrides, preset  # noqa: E402
 
 
 def build(cfg):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
+    from mcp_rl.local_policy import LocalPolicy
+    from mcp_rl.models import load_local_tokenizer, tiny_llama
     from mcp_rl.train import PortableTrainer
 
     tok = load_local_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    policy = LocalPolicy(LlamaForCausalLM(config).eval(), tok, name="tiny")
+    policy = LocalPolicy(tiny_llama(tok), tok, name="tiny")
     return PortableTrainer(policy, learning_rate=1e-3, micro_batch_size=2, max_seq_len=4096)
 
 

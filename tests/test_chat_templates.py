@@ -1,5 +1,6 @@
-"""Tests for mcp_rl/chat_templates.py: Gemma 3's tool-calling template (the Hermes one is tested with
-the policy in tests/test_local_policy.py).
+"""Tests for mcp_rl/chat_templates.py: the tool-calling templates, Hermes (ChatML) and Gemma 3's; what
+both must do is one table (`either`), SmolLM2's own install is tested with the policy in
+tests/test_local_policy.py.
 
     .venv/bin/python -m pytest tests/test_chat_templates.py -q
 
@@ -62,30 +63,45 @@ def test_a_conversation_without_a_user_turn_still_lists_the_tools(text_tok):
     assert text.startswith("<|endoftext|><start_of_turn>user\ns\n\n# Tools") and "<start_of_turn>model\nok<end_of_turn>\n" in text
 
 
-def test_raw_tool_call_turn_is_rendered_verbatim_once(text_tok):
+# Both tool templates, one table: (template, the assistant turn's opening, end of turn, a user turn's opening).
+TEMPLATES = {"hermes": ("<|im_start|>assistant\n", "<|im_end|>", "<|im_start|>user\n"),
+             "gemma": ("<start_of_turn>model\n", "<end_of_turn>", "<start_of_turn>user\n")}
+
+
+@pytest.fixture(params=sorted(TEMPLATES))
+def either(request, text_tok):
+    """(tokenizer, assistant opening, end of turn, user opening) for each tool template."""
+    tok = load_local_tokenizer() if request.param == "hermes" else text_tok
+    return (tok, *TEMPLATES[request.param])
+
+
+def test_raw_tool_call_turn_is_rendered_verbatim_once(either):
+    tok, assistant, end, _ = either
     turn = {"role": "assistant", "content": RAW_CALL, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "run_query", "arguments": '{"sql": "SELECT 1"}'}}]}
-    text = render(text_tok, [{"role": "user", "content": "q"}, turn])
-    assert text.split("<start_of_turn>model\n", 1)[1] == f"{RAW_CALL}<end_of_turn>\n"
+    text = render(tok, [{"role": "user", "content": "q"}, turn])
+    assert text.split(assistant, 1)[1] == f"{RAW_CALL}{end}\n"
 
 
 @pytest.mark.parametrize("content", ["", "Let me check."])
-def test_openai_style_tool_calls_render_as_parseable_blocks(text_tok, content):
+def test_openai_style_tool_calls_render_as_parseable_blocks(either, content):
+    tok, assistant_open, end, _ = either
     turn = {"role": "assistant", "content": content, "tool_calls": [
         {"id": "a", "type": "function", "function": {"name": "run_query", "arguments": '{"sql": "SELECT 2"}'}},
         {"id": "b", "type": "function", "function": {"name": "list_tables", "arguments": {}}}]}
-    text = render(text_tok, [{"role": "user", "content": "q"}, turn])
-    assistant = text.split("<start_of_turn>model\n")[1].split("<end_of_turn>")[0]
+    text = render(tok, [{"role": "user", "content": "q"}, turn])
+    assistant = text.split(assistant_open)[1].split(end)[0]
     assert assistant.startswith(content)
     assert find_tool_calls(assistant) == ([{"name": "run_query", "arguments": {"sql": "SELECT 2"}},
                                           {"name": "list_tables", "arguments": {}}], [])
 
 
-def test_consecutive_tool_results_share_one_user_turn(text_tok):
+def test_consecutive_tool_results_share_one_user_turn(either):
+    tok, _, end, user = either
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": RAW_CALL},
                 {"role": "tool", "tool_call_id": "a", "content": "1"}, {"role": "tool", "tool_call_id": "b", "content": "2"}]
-    assert render(text_tok, messages).endswith("<start_of_turn>user\n<tool_response>\n1\n</tool_response>\n"
-                                               "<tool_response>\n2\n</tool_response><end_of_turn>\n")
+    assert render(tok, messages).endswith(f"{user}<tool_response>\n1\n</tool_response>\n"
+                                          f"<tool_response>\n2\n</tool_response>{end}\n")
 
 
 def test_the_gemma_template_passes_the_fit_probe(text_tok):

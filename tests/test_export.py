@@ -18,6 +18,7 @@ from transformers.utils.quantization_config import QuantizationMethod
 from mcp_rl import cli
 from mcp_rl.export import _unquantized, find_adapter, load_with_adapter, merge_adapter, recorded_base_model
 from mcp_rl.local_policy import load_local_tokenizer
+from mcp_rl.models import tiny_llama
 
 IDS = torch.tensor([[1, 17, 230, 4051, 99, 12, 7, 2048]])
 
@@ -26,12 +27,8 @@ IDS = torch.tensor([[1, 17, 230, 4051, 99, 12, 7, 2048]])
 def base_dir(tmp_path_factory) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer (and tool chat template), saved like a Hub model."""
     tok = load_local_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
     d = tmp_path_factory.mktemp("base")
-    LlamaForCausalLM(config).save_pretrained(d)
+    tiny_llama(tok, max_position_embeddings=128).save_pretrained(d)
     tok.save_pretrained(d)
     return d
 

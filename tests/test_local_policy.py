@@ -20,7 +20,7 @@ from mcp_rl.local_policy import (
     HERMES_TEMPLATE, LocalPolicy, art_tokenizer, install_tool_template, load_local_model, load_local_tokenizer,
     stop_string_end,
 )
-from mcp_rl.policy import ContextOverflow, ScriptedPolicy, find_tool_calls
+from mcp_rl.policy import ContextOverflow, ScriptedPolicy
 
 TOOLS = [{"type": "function", "function": {"name": "run_query", "description": "Run one SQL query",
                                            "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}},
@@ -52,33 +52,6 @@ def test_smollm2_gets_the_tool_template(tok):
 
 def test_install_leaves_a_fitting_template_alone(tok):
     assert install_tool_template(tok) is False
-
-
-def test_raw_tool_call_turn_is_rendered_verbatim_once(tok):
-    turn = {"role": "assistant", "content": RAW_CALL, "tool_calls": [
-        {"id": "call_0", "type": "function", "function": {"name": "run_query", "arguments": '{"sql": "SELECT 1"}'}}]}
-    text = render(tok, [{"role": "user", "content": "q"}, turn])
-    assert text.split("<|im_start|>assistant\n", 1)[1] == f"{RAW_CALL}<|im_end|>\n"
-
-
-@pytest.mark.parametrize("content", ["", "Let me check."])
-def test_openai_style_tool_calls_render_as_parseable_blocks(tok, content):
-    turn = {"role": "assistant", "content": content, "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "run_query", "arguments": '{"sql": "SELECT 2"}'}},
-        {"id": "b", "type": "function", "function": {"name": "list_tables", "arguments": {}}}]}
-    text = render(tok, [{"role": "user", "content": "q"}, turn])
-    assistant = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
-    assert assistant.startswith(content)
-    assert find_tool_calls(assistant) == ([{"name": "run_query", "arguments": {"sql": "SELECT 2"}},
-                                          {"name": "list_tables", "arguments": {}}], [])
-
-
-def test_consecutive_tool_results_share_one_user_turn(tok):
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": RAW_CALL},
-                {"role": "tool", "tool_call_id": "a", "content": "1"}, {"role": "tool", "tool_call_id": "b", "content": "2"}]
-    text = render(tok, messages)
-    assert text.endswith("<|im_start|>user\n<tool_response>\n1\n</tool_response>\n"
-                         "<tool_response>\n2\n</tool_response><|im_end|>\n")
 
 
 def test_art_tokenizer_returns_ids(tok):
@@ -131,13 +104,9 @@ async def test_scripted_choices_pass_art_tokenization(tok):
 
 @pytest.fixture(scope="module")
 def tiny(tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from mcp_rl.models import tiny_llama
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(tok, max_position_embeddings=256)
 
 
 def ids_of(choice):

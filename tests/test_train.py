@@ -298,16 +298,10 @@ def test_fp16_overflow_skips_the_update_counts_it_and_lowers_the_scale(policy, s
 # ---- micro-batches by tokens ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_policy():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mcp_rl.models import load_local_tokenizer
+    from mcp_rl.models import load_local_tokenizer, tiny_llama
 
     tok = load_local_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval(), tok
+    return tiny_llama(tok, max_position_embeddings=512), tok
 
 
 @pytest.mark.parametrize("budget, sizes", [(0, [2, 2, 1]), (10**6, [5]), (1, [1, 1, 1, 1, 1])])

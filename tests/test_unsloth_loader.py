@@ -85,13 +85,9 @@ def fake_unsloth(monkeypatch):
 
 
 def tiny(tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from mcp_rl.models import tiny_llama
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(tok, max_position_embeddings=256)
 
 
 def ids_of(choice):

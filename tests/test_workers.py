@@ -191,18 +191,12 @@ async def test_a_training_step_rolls_out_on_the_workers(workers):
 
 
 async def test_remote_trajectories_of_a_local_model_are_trainable(workers):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
+    from mcp_rl.local_policy import LocalPolicy
+    from mcp_rl.models import load_local_tokenizer, tiny_llama
     from mcp_rl.train import PortableTrainer
 
     tok = load_local_tokenizer()
-    torch.manual_seed(0)
-    config_ = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                          bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    trainer = PortableTrainer(LocalPolicy(LlamaForCausalLM(config_).eval(), tok, name="tiny"), max_seq_len=4096)
+    trainer = PortableTrainer(LocalPolicy(tiny_llama(tok), tok, name="tiny"), max_seq_len=4096)
     cfg = config([u for _, u in workers])
     cfg.rollout.max_turns, cfg.rollout.max_tokens = 1, 8
     groups, _ = await remote_rollouts(trainer.policy, SCENARIOS[:1], cfg, group_size=2)
