@@ -102,7 +102,7 @@ def _names(value: Any, what: str) -> tuple[str, ...] | None:
         value = [v for v in value.split(",")]
     names = tuple(str(v).strip() for v in value)
     if any(not n for n in names):
-        raise ValueError(f"{what} must be tool names such as ['list_tables', 'run_query'], got {value!r}")
+        raise ValueError(f"{what} must be tool names such as ['list_tables', 'run_query'], got {short(value)}")
     return names
 
 

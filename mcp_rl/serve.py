@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from .guard import short  # a prefix of what a client sent, never all of it
 from .launch import free_port
 from .policy import ContextOverflow, find_tool_calls
 
@@ -91,17 +92,13 @@ class _ChatRequest(_Open):
     logprobs: bool | None = False
 
 
-def _short(value: Any, n: int = 40) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return repr(text[:n] + ("..." if len(text) > n else ""))
-
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
 
 
 def _explain(e: ValidationError) -> str:
-    parts = [f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']} (got {_short(err.get('input'))})"
+    parts = [f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']} (got {short(err.get('input'))})"
              for err in e.errors()[:3]]
     return "invalid request: " + "; ".join(parts) + (f"; and {e.error_count() - 3} more" if e.error_count() > 3 else "")
 
@@ -163,7 +160,7 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
         asked = request.path_params.get("model")
         if asked is None or asked == served:
             return JSONResponse(card if asked else {"object": "list", "data": [card]})
-        return _error(404, f"model {_short(asked)} {unknown}", code="model_not_found")
+        return _error(404, f"model {short(asked)} {unknown}", code="model_not_found")
 
     async def read_json(request: Request) -> Any:
         too_big = HTTPException(413, f"the body is over {max_body_bytes} bytes; send a shorter conversation")
@@ -177,18 +174,18 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise HTTPException(400, f"the body is not valid JSON ({e}): {_short(body.decode('utf-8', 'replace'))}")
+            raise HTTPException(400, f"the body is not valid JSON ({e}): {short(body.decode('utf-8', 'replace'))}")
 
     async def chat(request: Request) -> Any:
         data = await read_json(request)
         if not isinstance(data, dict):
-            return _error(400, f"the body must be a JSON object (a chat completion request), got {_short(data)}")
+            return _error(400, f"the body must be a JSON object (a chat completion request), got {short(data)}")
         try:
             req = _ChatRequest.model_validate(data)
         except ValidationError as e:
             return _error(400, _explain(e))
         if req.model != served:
-            return _error(404, f"model {_short(req.model)} {unknown}", code="model_not_found")
+            return _error(404, f"model {short(req.model)} {unknown}", code="model_not_found")
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in data["messages"]]
         tools = [] if req.tool_choice == "none" else (data.get("tools") or [])
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens

@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from .guard import short  # a prefix of what a client sent, never all of it
 from .guard import ToolPolicy, ToolPolicyError
 from .rollout import RolloutConfig, gather_rollouts
 from .scenarios import Scenario
@@ -54,10 +55,6 @@ class _WorkerFailed(Exception):
     """This worker cannot be used any more in this call (its groups go elsewhere)."""
 
 
-def _short(value: Any, n: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return repr(text[:n] + ("..." if len(text) > n else ""))
-
 
 def _bad(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
@@ -66,26 +63,26 @@ def _bad(status: int, message: str) -> JSONResponse:
 def _parse(data: Any) -> tuple[list[Scenario], int, dict, RolloutConfig]:
     """The request body as (scenarios, group_size, policy, rollout config); ValueError says what is wrong."""
     if not isinstance(data, dict):
-        raise ValueError(f"the body must be a JSON object, got {_short(data)}")
+        raise ValueError(f"the body must be a JSON object, got {short(data)}")
     unknown = set(data) - {"scenarios", "group_size", "policy", "rollout", "tool_policy"}
     if unknown:
-        raise ValueError(f"unknown field(s) {sorted(unknown)[:5]}")
+        raise ValueError(f"unknown field(s) {', '.join(short(k) for k in sorted(unknown)[:5])}")
     scenarios = data.get("scenarios")
     if not isinstance(scenarios, list) or not scenarios or not all(isinstance(s, dict) for s in scenarios):
-        raise ValueError(f"scenarios must be a non-empty list of scenario objects, got {_short(scenarios)}")
+        raise ValueError(f"scenarios must be a non-empty list of scenario objects, got {short(scenarios)}")
     size = data.get("group_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_GROUP:
-        raise ValueError(f"group_size must be an integer 1..{MAX_GROUP}, got {_short(size)}")
+        raise ValueError(f"group_size must be an integer 1..{MAX_GROUP}, got {short(size)}")
     policy = data.get("policy")
     if not isinstance(policy, dict) or not str(policy.get("base_url", "")).startswith(("http://", "https://")) \
             or not isinstance(policy.get("model"), str):
-        raise ValueError(f"policy must be {{'base_url': 'http://...', 'model': NAME, 'step': N}}, got {_short(policy)}")
+        raise ValueError(f"policy must be {{'base_url': 'http://...', 'model': NAME, 'step': N}}, got {short(policy)}")
     try:
         parsed = [Scenario(**s) for s in scenarios]
         tool_policy = ToolPolicy(**(data.get("tool_policy") or {}))
         rollout = data.get("rollout") or {}
         if not isinstance(rollout, dict):
-            raise ValueError(f"rollout must be an object of RolloutConfig fields, got {_short(rollout)}")
+            raise ValueError(f"rollout must be an object of RolloutConfig fields, got {short(rollout)}")
         cfg = RolloutConfig(**{**rollout, "tool_policy": tool_policy})
     except TypeError as e:  # an unknown or missing dataclass field
         raise ValueError(str(e)[:200]) from None
@@ -117,7 +114,7 @@ def worker_app(server: Any, *, token: str | None = None, max_body_bytes: int = 1
         try:
             scenarios, size, p, cfg = _parse(json.loads(body))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _bad(400, f"the body is not valid JSON ({type(e).__name__}): {_short(body.decode('utf-8', 'replace'))}")
+            return _bad(400, f"the body is not valid JSON ({type(e).__name__}): {short(body.decode('utf-8', 'replace'))}")
         except ValueError as e:
             return _bad(400, f"invalid rollout request: {e}")
         policy = OpenAIPolicy(p["model"], base_url=p["base_url"], api_key=str(p.get("api_key") or "none"),

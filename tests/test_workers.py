@@ -111,6 +111,8 @@ GOOD = {"scenarios": [{"id": "a", "task": "t"}], "group_size": 1,
     ({**GOOD, "policy": {"base_url": LONG, "model": "m"}}, 400, "policy must be"),
     ({**GOOD, "rollout": {"max_turns": 0}}, 400, "max_turns"),
     ({**GOOD, "rollout": {"nope": 1}}, 400, "nope"),
+    ({**GOOD, LONG: 1}, 400, "unknown field"),  # a long field name is quoted as a prefix
+    ({**GOOD, "tool_policy": {"allow": ["ok", "", LONG]}}, 400, "tool names"),
 ])
 def test_bad_requests_get_a_short_4xx(workers, body, status, says):
     _, url = workers[0]
