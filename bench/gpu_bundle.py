@@ -120,7 +120,14 @@ def download(reqs: list[str], dest: Path) -> None:
            "--abi", "none", "--dest", str(dest)]
     for p in PLATFORMS:
         cmd += ["--platform", p]
-    subprocess.run(cmd + reqs, check=True)
+    if subprocess.run(cmd + reqs).returncode == 0:
+        return
+    # A version this venv has can be gone from the index (yanked, or a cached release): one at a time, then
+    # the newest release at or below it, said aloud (the box installs with --no-deps, so pins are not checked).
+    for req in reqs:
+        if subprocess.run(cmd + [req], capture_output=True).returncode:
+            print(f"gpu_bundle: {req} cannot be downloaded; taking {req.replace('==', '<=')}", flush=True)
+            subprocess.run(cmd + [req.replace("==", "<=")], check=True)
 
 
 def main() -> None:

@@ -90,8 +90,14 @@ def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: s
         device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-    else:
-        model, tok = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit)
+    elif cfg.train.loader == "unsloth":  # Unsloth's 4-bit model, LoRA and sampler: the library's own build
+        trainer = pipeline.build_trainer(cfg)
+        trainer.policy.max_batch, trainer.policy.batch_wait_s = max_batch, batch_wait_s
+        trainer.policy.batch_gap_s = batch_gap_s
+        return trainer
+    else:  # float16 weights where training runs in float16 (a T4, or forced), as pipeline.build_trainer loads them
+        model, tok = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit,
+                                      dtype="float16" if cfg.train.precision == "fp16" else None)
     t = cfg.train
     policy = LocalPolicy(model, tok, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix, max_batch=max_batch,
                          batch_wait_s=batch_wait_s, batch_gap_s=batch_gap_s)

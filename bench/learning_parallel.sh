@@ -1,0 +1,44 @@
+#!/bin/bash
+# Several bench/learning_proof.py runs side by side on one GPU, each in its own process with its own
+# log: a small model leaves most of an H200 idle, and device time is the scarce thing. Runs share the
+# GPU and the CPU, so each one's GRPO steps are slower than alone (the step seconds in its
+# metrics.jsonl say by how much); bench/RESULTS.md reports which runs shared a machine.
+#
+# On the GPU box, from the repo root, after .dev/gpu/setup.sh (bench/RESULTS.md):
+#   bash bench/learning_parallel.sh DEADLINE_S RUN [RUN ...]
+#   RUN = name:config:seed[:FIELD=VALUE,FIELD=VALUE...]
+#   e.g. bash bench/learning_parallel.sh 540 smollm2-seed0:bench/learning/smollm2.yaml:0 \
+#          smollm2-fp16-seed0:bench/learning/smollm2.yaml:0:train.precision=fp16
+# Each call pauses its runs at the deadline (learning_proof.py --pause) and the next call resumes
+# every run whose folder /tmp/runs/<name> exists; a finished run is skipped. Logs go to
+# $OUT/logs/<name>-<n>.log, finished runs' results to $OUT/learning/<name>/. LP_ARGS adds arguments to
+# every run (a CPU rehearsal: LP_ARGS="--random-weights TOKENIZER_DIR --random-shape tiny").
+set -uo pipefail
+deadline=$1; shift
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT/logs" /tmp/runs
+# The company database once, before the runs' servers start (they would otherwise race to build it).
+python3 -c "import mcp_server; mcp_server.CompanyDB()._ensure()"
+pids=()
+for spec in "$@"; do
+  IFS=: read -r name config seed sets <<<"$spec"
+  dir=/tmp/runs/$name
+  if [ -f "$dir/proof.json" ]; then echo "$name: finished"; continue; fi
+  resume=(); [ -f "$dir/state.json" ] && resume=(--resume)
+  n=$(ls "$OUT/logs" | grep -c "^$name-") || true
+  log=$OUT/logs/$name-$((n + 1)).log
+  python3 bench/learning_proof.py --config "$config" --seed "$seed" --out "$dir" --deadline-s "$deadline" \
+    --pause "${resume[@]}" --target-base 0.15 --target-warm-start 0.05 --train-budget-s 900 \
+    --results "$OUT/learning" ${LP_ARGS:-} --set ${sets//,/ } >"$log" 2>&1 &
+  pids+=($!)
+  echo "$name: started (pid $!, ${resume[*]:-new}), log $log"
+  sleep 3  # staggered: each run picks a free port for its server
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+for spec in "$@"; do
+  name=${spec%%:*}
+  echo "== $name"; tail -n 4 "$(ls -t "$OUT"/logs/"$name"-*.log | head -1)"
+done
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+exit $status
