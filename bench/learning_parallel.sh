@@ -12,7 +12,9 @@
 # Each call pauses its runs at the deadline (learning_proof.py --pause) and the next call resumes
 # every run whose folder /tmp/runs/<name> exists; a finished run is skipped. Logs go to
 # $OUT/logs/<name>-<n>.log, finished runs' results to $OUT/learning/<name>/. LP_ARGS adds arguments to
-# every run (a CPU rehearsal: LP_ARGS="--random-weights TOKENIZER_DIR --random-shape tiny").
+# every run (a CPU rehearsal: LP_ARGS="--random-weights TOKENIZER_DIR --random-shape tiny"). Where processes
+# outlive a call (started with setsid), LP_PAUSE= (empty) runs each to its end in one go, no pause/resume:
+#   OUT=/tmp/out LP_PAUSE= setsid nohup bash bench/learning_parallel.sh 1400 RUN... >/tmp/lp.log 2>&1 &
 set -uo pipefail
 deadline=$1; shift
 OUT=${OUT:-/tmp/out}
@@ -28,7 +30,7 @@ for spec in "$@"; do
   n=$(ls "$OUT/logs" | grep -c "^$name-") || true
   log=$OUT/logs/$name-$((n + 1)).log
   python3 bench/learning_proof.py --config "$config" --seed "$seed" --out "$dir" --deadline-s "$deadline" \
-    --pause "${resume[@]}" --target-base 0.15 --target-warm-start 0.05 --train-budget-s 900 \
+    ${LP_PAUSE---pause} "${resume[@]}" --target-base 0.15 --target-warm-start 0.05 --train-budget-s 900 \
     --results "$OUT/learning" ${LP_ARGS:-} --set ${sets//,/ } >"$log" 2>&1 &
   pids+=($!)
   echo "$name: started (pid $!, ${resume[*]:-new}), log $log"
