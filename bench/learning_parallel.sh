@@ -10,21 +10,22 @@
 #   e.g. bash bench/learning_parallel.sh 540 smollm2-seed0:bench/learning/smollm2.yaml:0 \
 #          smollm2-fp16-seed0:bench/learning/smollm2.yaml:0:train.precision=fp16
 # Each call pauses its runs at the deadline (learning_proof.py --pause) and the next call resumes
-# every run whose folder /tmp/runs/<name> exists; a finished run is skipped. Logs go to
-# $OUT/logs/<name>-<n>.log, finished runs' results to $OUT/learning/<name>/. LP_ARGS adds arguments to
+# every run whose folder $LP_RUNS/<name> (default /tmp/runs/<name>) exists; a finished run is skipped. Logs go to
+# $OUT/logs/<name>-<n>.log, finished runs' results to $OUT/learning/<name>/, both also in $OUT/learning.tgz. LP_ARGS adds arguments to
 # every run (a CPU rehearsal: LP_ARGS="--random-weights TOKENIZER_DIR --random-shape tiny"). Where processes
 # outlive a call (started with setsid), LP_PAUSE= (empty) runs each to its end in one go, no pause/resume:
 #   OUT=/tmp/out LP_PAUSE= setsid nohup bash bench/learning_parallel.sh 1400 RUN... >/tmp/lp.log 2>&1 &
 set -uo pipefail
 deadline=$1; shift
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT/logs" /tmp/runs
+RUNS=${LP_RUNS:-/tmp/runs}  # run folders (checkpoints): kept between calls
+mkdir -p "$OUT/logs" "$RUNS"
 # The company database once, before the runs' servers start (they would otherwise race to build it).
 python3 -c "import mcp_server; mcp_server.CompanyDB()._ensure()"
 pids=()
 for spec in "$@"; do
   IFS=: read -r name config seed sets <<<"$spec"
-  dir=/tmp/runs/$name
+  dir=$RUNS/$name
   if [ -f "$dir/proof.json" ]; then echo "$name: finished"; continue; fi
   resume=(); [ -f "$dir/state.json" ] && resume=(--resume)
   n=$(ls "$OUT/logs" | grep -c "^$name-") || true
@@ -42,5 +43,7 @@ for spec in "$@"; do
   name=${spec%%:*}
   echo "== $name"; tail -n 4 "$(ls -t "$OUT"/logs/"$name"-*.log | head -1)"
 done
+# The device tool returns only so many files a call: everything also in one archive.
+tar czf "$OUT/learning.tgz" -C "$OUT" logs $( [ -d "$OUT/learning" ] && echo learning )
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
 exit $status

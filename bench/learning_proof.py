@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl import pipeline, runs  # noqa: E402
+from mcp_rl import pipeline  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
 from mcp_rl.config import apply_overrides, load_config  # noqa: E402
 from mcp_rl.scenarios import load_scenarios, save_scenarios  # noqa: E402
 
@@ -293,8 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     counts = heldout_file(cfg.scenarios, derived)
     cfg = apply_overrides(cfg, [f"scenarios={derived}"])
     print(f"held-out file {derived}: {counts} (val relabelled test)", flush=True)
+    if cfg.train.loader == "unsloth":  # before transformers is imported: Unsloth patches it on import
+        from mcp_rl.unsloth_loader import import_unsloth
 
+        import_unsloth()
     import torch
+
+    from mcp_rl import runs
 
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)

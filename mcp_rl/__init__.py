@@ -26,7 +26,7 @@ _NAMES = {
     "rollout": ["RolloutConfig", "rollout", "gather_rollouts", "transcript"],
     "rewards": ["RewardConfig", "verify_answer", "score_group", "score_trajectory"],
     "train": ["PortableTrainer"],
-    "unsloth_loader": ["UnslothPolicy", "UnslothUnavailable", "load_unsloth_model"],
+    "unsloth_loader": ["UnslothPolicy", "UnslothUnavailable", "import_unsloth", "load_unsloth_model"],
     "art_backend": ["ARTTrainer"],
     "evaluate": ["EvalResult", "evaluate", "write_report", "compare_transcripts"],
     "config": ["Config", "TrainConfig", "PRESETS", "preset", "load_config", "apply_overrides"],

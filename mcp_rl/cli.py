@@ -165,9 +165,14 @@ def _train_config(a):
 
 
 def cmd_train(a) -> int:
+    cfg = _train_config(a)
+    if cfg.train.loader == "unsloth":  # before ART imports transformers: Unsloth patches it on import
+        from .unsloth_loader import import_unsloth
+
+        import_unsloth()
     from .runs import run
 
-    asyncio.run(run(_train_config(a), resume=a.resume))
+    asyncio.run(run(cfg, resume=a.resume))
     return 0
 
 

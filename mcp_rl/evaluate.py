@@ -300,13 +300,14 @@ def write_report(run_dir: str | Path, results: list[EvalResult], history: list[d
                      f"| {r.completed_rate:.0%} | {r.mean_turns:.1f} | {r.mean_tool_errors:.2f} |")
     lines += _warm_start_lines(history)
     if history:
-        lines += ["", "## Training steps", "", "| step | reward | verified success | groups trained | skipped | loss | seconds |",
-                  "|---|---|---|---|---|---|---|"]
+        # off-policy gap: mean |trainer - sampler| logprob of the trained tokens before the update (0 when on-policy)
+        lines += ["", "## Training steps", "", "| step | reward | verified success | groups trained | skipped | loss | "
+                  "off-policy gap | seconds |", "|---|---|---|---|---|---|---|---|"]
         for h in history:
             if "reward_mean" in h:
                 lines.append(f"| {h['step']} | {h['reward_mean']:.3f} | {h.get('success_rate', 0):.1%} | "
                              f"{h.get('groups_trained', 0)} | {h.get('groups_skipped', 0)} | {h.get('loss', float('nan')):.4f} | "
-                             f"{h.get('seconds', 0):.0f} |")
+                             f"{h.get('logprob_gap', float('nan')):.3f} | {h.get('seconds', 0):.0f} |")
     if calls := read_tool_calls(run_dir / TOOL_CALLS):
         phases = len({c.get("phase") for c in calls})
         lines += ["", "## Tool calls", "", f"{len(calls)} calls to the server in {phases} phase{'s' * (phases != 1)} "

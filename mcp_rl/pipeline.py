@@ -283,7 +283,8 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
         _checkpoint(trainer, run_dir, state)
         _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
              f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "
-             f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s")
+             f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s"
+             + (f" | off-policy gap {rec['logprob_gap']:.3f}" if "logprob_gap" in rec else ""))
     return state
 
 

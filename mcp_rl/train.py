@@ -82,6 +82,24 @@ def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     return per_seq.sum() / (constant if constant is not None else new_logprobs.shape[0])
 
 
+def off_policy_stats(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, *,
+                     epsilon: float = 0.2) -> tuple[float, float, float]:
+    """(sum |new - old|, tokens with the ratio outside 1 +- epsilon, tokens) over masked tokens with known old.
+
+    Before the update of a one-update-per-batch step the trainer's logprobs should equal the sampler's:
+    a gap means the sampler is off-policy (a stale adapter, or kernels or precision that differ).
+    The trainer logs the mean gap (`logprob_gap`) and the clipped share (`clip_fraction`).
+
+    >>> off_policy_stats(torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[-1.0, -2.5, float("nan")]]),
+    ...                  torch.tensor([[1.0, 1.0, 1.0]]))
+    (0.5, 1.0, 2.0)
+    """
+    known = torch.isfinite(old_logprobs) & (mask > 0)
+    diff = (new_logprobs.detach().float() - torch.where(known, old_logprobs, 0.0).float())[known]
+    clipped = (diff.exp() - 1).abs() > epsilon
+    return float(diff.abs().sum()), float(clipped.sum()), float(known.sum())
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
     """'auto' -> 'bf16' on a CUDA GPU with bfloat16, 'fp16' on one without (a T4), 'fp32' on a CPU."""
     if precision != "auto":
@@ -328,6 +346,7 @@ class PortableTrainer:
             seqs, too_long = self._keep_fitting([self._sequence(r) for r in results])
             metrics = {"loss": 0.0, "num_sequences": float(len(seqs)), "num_tokens": 0.0, "grad_norm": 0.0,
                        "skipped_groups": float(zero_var), "skipped_too_long": float(too_long), "updated": 0.0}
+            gap = [0.0, 0.0, 0.0]  # off_policy_stats summed over micro-batches (and ranks)
             if seqs:
                 constant = self.max_seq_len * len(seqs) if self.loss == "dr_grpo" else len(seqs)
                 was_training = self.model.training
@@ -342,8 +361,12 @@ class PortableTrainer:
                         self._backward(loss)
                         metrics["loss"] += float(loss.detach())
                         metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
+                        gap = [a + b for a, b in zip(gap, off_policy_stats(new, old, mask, epsilon=self.epsilon))]
                     distributed.all_reduce_grads(self.params)
-                    metrics["loss"], metrics["num_tokens"] = distributed.total([metrics["loss"], metrics["num_tokens"]])
+                    metrics["loss"], metrics["num_tokens"], *gap = distributed.total(
+                        [metrics["loss"], metrics["num_tokens"], *gap])
+                    if gap[2]:
+                        metrics["logprob_gap"], metrics["clip_fraction"] = gap[0] / gap[2], gap[1] / gap[2]
                     metrics["grad_norm"] = self._update(self.optimizer)
                 finally:
                     self.model.train(was_training)

@@ -81,7 +81,7 @@ else:
     print("No OPENROUTER_API_KEY: continuing without an LLM, with verifiable rewards only (judge off)")
 
 # %%
-from mcp_rl import apply_overrides, open_run, preset
+from mcp_rl import apply_overrides, preset
 
 if DRIVE:  # Colab: the run folder on Google Drive survives a disconnect
     from google.colab import drive
@@ -95,6 +95,12 @@ if WARM_START is not None:
     train_settings["warm_start_scenarios"] = WARM_START
 cfg = apply_overrides(preset(PRESET, model=MODEL, out=OUT, train=train_settings, rollout=rollout_settings,
                              reward={"judge_model": JUDGE_MODEL if KEY else None}), OVERRIDES)
+if cfg.train.loader == "unsloth":  # Unsloth patches transformers when imported: before ART imports it
+    from mcp_rl import import_unsloth
+
+    import_unsloth()
+from mcp_rl import open_run
+
 run = open_run(cfg, fresh=FRESH_RUN)
 cfg, run_dir = run.cfg, run.dir
 print(f"{cfg.model} | {cfg.train.backend} trainer | {cfg.train.steps} steps of {cfg.train.groups_per_step} x "

@@ -367,3 +367,18 @@ def test_with_gradient_checkpointing_the_policy_samples_after_an_update(tiny_pol
     assert not trainer.model.training
     again = asyncio.run(policy.complete(PROMPT, [], max_tokens=8, temperature=1.0))
     assert again.logprobs.content and policy.step == 1
+
+
+@pytest.mark.parametrize("shift, gap, clipped", [(0.0, 0.0, 0.0), (0.1, 0.1, 0.0), (0.5, 0.5, 1.0)])
+def test_the_step_reports_how_far_the_sampler_was_off_policy(tiny_policy, shift, gap, clipped):
+    """Sampler logprobs `shift` nats below the trainer's (a stale adapter, say): the step logs the gap."""
+    model, tok = tiny_policy
+    model = copy.deepcopy(model)
+    groups = [art.TrajectoryGroup([trajectory(model, tok, GOOD, 1.0), trajectory(model, tok, BAD, 0.0)])]
+    for t in groups[0].trajectories:
+        for lp in t.messages_and_choices[-1].logprobs.content:
+            lp.logprob -= shift
+    trainer = PortableTrainer(types.SimpleNamespace(model=model, tokenizer=tok, step=0), precision="fp32", max_seq_len=512)
+    metrics = trainer.train_step(groups)
+    assert metrics["logprob_gap"] == pytest.approx(gap, abs=1e-4)
+    assert metrics["clip_fraction"] == clipped

@@ -1,0 +1,79 @@
+"""Tests for bench/learning_proof.py and bench/learning_parallel.sh on a CPU (the GPU runs' machinery).
+
+    .venv/bin/python -m pytest tests/test_learning_proof.py -q
+
+A tiny random Llama (`--random-weights ... --random-shape tiny`) with SmolLM2's tokenizer stands in for
+the real weights: it learns nothing, it exercises the runner, the pause at a deadline, the resume from
+the step checkpoint and the results folder. The company server runs over HTTP as in the GPU runs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ",".join(["train.steps=6", "train.groups_per_step=2", "train.group_size=2", "train.warm_start_scenarios=4",
+                  "train.warm_start_gate_scenarios=2", "train.warm_start_max_extra_epochs=0", "train.eval_scenarios=4",
+                  "train.eval_every=3", "train.eval_every_scenarios=2", "rollout.concurrency=4", "rollout.max_turns=6",
+                  "rollout.max_tokens=16", "train.precision=fp32"])
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    from mcp_rl.models import load_local_tokenizer
+
+    path = tmp_path_factory.mktemp("tok")
+    load_local_tokenizer().save_pretrained(path)
+    return path
+
+
+def parallel(tmp_path, tokenizer_dir, deadline, *runs):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "LP_ARGS": f"--random-weights {tokenizer_dir} --random-shape tiny", "LP_RUNS": str(tmp_path / "runs")}
+    return subprocess.run(["bash", "bench/learning_parallel.sh", str(deadline), *runs], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=280)
+
+
+@pytest.mark.slow
+def test_two_runs_side_by_side_pause_at_the_deadline_and_resume_to_the_end(tmp_path, tokenizer_dir):
+    runs = (f"a:bench/learning/smollm2.yaml:0:{SMALL}", f"b:bench/learning/smollm2.yaml:1:{SMALL}")
+    first = parallel(tmp_path, tokenizer_dir, 12, *runs)  # too short for 6 steps: both pause
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    logs = tmp_path / "out" / "logs"
+    assert all("paused after step" in (logs / f"{n}-1.log").read_text() for n in "ab"), first.stdout[-2000:]
+    assert not (tmp_path / "out" / "learning").exists()
+    second = parallel(tmp_path, tokenizer_dir, 200, *runs)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "(pid" in second.stdout and "--resume" in second.stdout
+    for name, seed in (("a", 0), ("b", 1)):
+        results = tmp_path / "out" / "learning" / name
+        proof = json.loads((results / "proof.json").read_text())
+        assert proof["steps"] == 6 and {"base", "warm_start"} <= set(proof["comparisons"])
+        assert json.loads((results / "config.json").read_text())["train"]["seed"] == seed
+        assert len(list(results.glob("timings-call*.json"))) == 2 and not (results / "checkpoints").exists()
+        steps = [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines() if "reward_mean" in x]
+        assert [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]  # resumed, no step repeated
+    assert (tmp_path / "out" / "learning.tgz").exists()
+    third = parallel(tmp_path, tokenizer_dir, 200, *runs)
+    assert third.stdout.count(": finished") == 2
+
+
+def test_the_unsloth_loader_is_imported_before_transformers(tmp_path):
+    """Unsloth patches transformers on import: learning_proof asks for it before anything imports transformers
+    (ART does). A stand-in for `import_unsloth` in a fresh interpreter records what was imported by then."""
+    code = ("import sys; sys.path.insert(0, 'bench')\n"
+            "import mcp_rl.unsloth_loader as u\n"
+            "def fake():\n"
+            "    print('transformers imported:', 'transformers' in sys.modules); raise u.UnslothUnavailable('no GPU')\n"
+            "u.import_unsloth = fake\n"
+            "import learning_proof\n"
+            f"learning_proof.main(['--config', 'bench/learning/smollm2.yaml', '--out', '{tmp_path}/r', "
+            "'--set', 'train.loader=unsloth'])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "transformers imported: False" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert out.returncode != 0 and "UnslothUnavailable: no GPU" in out.stderr
