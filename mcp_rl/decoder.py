@@ -57,6 +57,56 @@ def _full_attention(config: Any) -> Any:
     return config
 
 
+def packed_gqa_sdpa(sdpa: Any) -> Any:
+    """transformers' `sdpa_attention_forward`, but a one-token query with a mask attends without `repeat_kv`.
+
+    With grouped-query attention and a mask, transformers before 5.2x copies every key/value head
+    `num_key_value_groups` times for SDPA (its GQA mode needs mask=None on CUDA): for a decode step
+    over a StaticCache that copy is the whole cache, every step, every layer (SmolLM2: 3x). A single
+    query token needs no copy: its heads fold onto the key/value heads as query rows, the mask
+    broadcasts. Newer transformers do the same (`pack_gqa`); this is that, for the GPU machine's and
+    Unsloth's transformers 5.17. Anything else goes to `sdpa` unchanged.
+
+    >>> import torch
+    >>> class M: num_key_value_groups = 3
+    >>> q, k, v = torch.randn(2, 6, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    >>> mask = torch.zeros(2, 1, 1, 5); mask[0, ..., :2] = float("-inf")
+    >>> out, _ = packed_gqa_sdpa(None)(M(), q, k, v, mask)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1),
+    ...                                                        attn_mask=mask).transpose(1, 2)
+    >>> out.shape, torch.allclose(out, ref, atol=1e-6)
+    (torch.Size([2, 1, 6, 8]), True)
+    """
+    import torch
+
+    def forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+        groups = getattr(module, "num_key_value_groups", 1)
+        if (groups == 1 or query.shape[2] != 1 or attention_mask is None or attention_mask.shape[1] != 1
+                or kwargs.get("position_bias") is not None or kwargs.get("output_attentions")):
+            return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                        is_causal=is_causal, **kwargs)
+        batch, heads, _, dim = query.shape  # query head h reads key/value head h // groups, as repeat_kv pairs them
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query.reshape(batch, heads // groups, groups, dim), key, value,
+            attn_mask=attention_mask[:, :, :, : key.shape[-2]], dropout_p=dropout, scale=scaling)
+        return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+    return forward
+
+
+def _install_packed_gqa() -> None:
+    """Register `packed_gqa_sdpa` as transformers' "sdpa" where transformers does not pack GQA itself."""
+    from transformers import AttentionInterface
+    from transformers.integrations import sdpa_attention
+
+    if hasattr(sdpa_attention, "pack_gqa") or getattr(AttentionInterface._global_mapping["sdpa"], "_mcp_rl", False):
+        return
+    forward = packed_gqa_sdpa(AttentionInterface._global_mapping["sdpa"])
+    forward._mcp_rl = True
+    AttentionInterface.register("sdpa", forward)
+
+
 class _Decoder:
     """One batch's KV cache and its one-token forward, replayed as a CUDA graph on a GPU.
 
@@ -72,6 +122,7 @@ class _Decoder:
         import torch
         from transformers import StaticCache
 
+        _install_packed_gqa()
         self.model, self.ids, self.keep, self.cuda_graph = model, ids, keep, cuda_graph
         self.cache_kw = _cache_kwarg(model)
         self.window = sliding_window(model.config)

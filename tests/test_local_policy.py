@@ -258,3 +258,30 @@ async def test_smollm2_batches_and_its_choices_train_with_art(smollm2):
                     for first, second, reward in zip(firsts[:2], seconds, (1.0, 0.0))]
     check_art_tokenization(tok, trajectories, [[f, s] for f, s in zip(firsts[:2], seconds)],
                            [prompt_ids(tok, m, TOOLS) for m in so_far])
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "tiny_gemma"])
+async def test_decoding_without_repeat_kv_gives_the_forward_pass_logprobs(tok, model_name, request, monkeypatch):
+    """The packed GQA attention that decoder.py registers on transformers without it (5.17, the GPU
+    machine's): decode steps take the packed path and still give each row the plain forward's logprobs."""
+    from transformers import AttentionInterface
+
+    from mcp_rl.decoder import packed_gqa_sdpa
+
+    model = request.getfixturevalue(model_name)
+    original, packed_calls = AttentionInterface._global_mapping["sdpa"], []
+    packed = packed_gqa_sdpa(original)
+
+    def spy(module, query, key, value, mask, **kw):
+        packed_calls.append(query.shape[2] == 1 and mask is not None and module.num_key_value_groups > 1)
+        return packed(module, query, key, value, mask, **kw)
+
+    spy._mcp_rl = True
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", spy)
+    model.config._attn_implementation = "sdpa"
+    policy = LocalPolicy(model, tok)
+    batched = await asyncio.gather(*[policy.complete(m, [], max_tokens=6, temperature=0) for m in CONVERSATIONS])
+    assert sum(packed_calls) >= 5 * model.config.num_hidden_layers  # decode steps went the packed way
+    for b, messages in zip(batched, CONVERSATIONS):
+        assert [t.logprob for t in b.logprobs.content] == pytest.approx(
+            forward_logprobs(model, tok, messages, [], ids_of(b)), abs=1e-4)
