@@ -3,10 +3,14 @@
 Both modes run in one process on the same model, server, scenarios and starting weights: before
 each mode's step the trainer is restored from the same checkpoint, and torch is re-seeded, so the
 only differences are the settings under test. Modes:
-  old  LocalPolicy(batch_wait_s=0.3) (a batch waits a fixed 0.3 s after its first request, as
-       bench/learning_proof.py runs today), trainer micro-batches of micro_batch_size sequences
-  new  LocalPolicy(batch_wait_s=WAIT, batch_gap_s=GAP) (a batch closes once no request came for GAP
-       seconds), trainer micro-batches packed to MICRO_BATCH_TOKENS padded tokens
+  old  LocalPolicy(batch_wait_s=0.3, hand_back=False) (a batch waits a fixed 0.3 s after its first
+       request, as bench/learning_proof.py ran before 2026-12-04, and answers every request when its
+       longest row ends), transformers 5.17's attention (repeat_kv), trainer micro-batches of
+       micro_batch_size sequences
+  new  LocalPolicy(batch_wait_s=WAIT, batch_gap_s=GAP, hand_back=True) (a batch closes once no request
+       came for GAP seconds; a finished row is answered at once, so its rollout calls its tool during
+       the decode's tail), packed GQA decode attention (decoder.packed_gqa_sdpa), trainer
+       micro-batches packed to MICRO_BATCH_TOKENS padded tokens
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
 scenarios in both modes from the same weights and counts rollouts whose tokens are identical
@@ -29,8 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import learning_proof  # noqa: E402  (bench/learning_proof.py: its trainer builder and random shapes)
 
@@ -39,8 +42,13 @@ from mcp_rl.config import apply_overrides, load_config  # noqa: E402
 
 
 def set_mode(trainer, mode: dict) -> None:
+    from transformers import AttentionInterface
+
+    from bench_packed_gqa import attention
+
     trainer.policy.batch_wait_s, trainer.policy.batch_gap_s = mode["batch_wait_s"], mode["batch_gap_s"]
-    trainer.micro_batch_tokens = mode["micro_batch_tokens"]
+    trainer.micro_batch_tokens, trainer.policy.hand_back = mode["micro_batch_tokens"], mode["hand_back"]
+    AttentionInterface.register("sdpa", attention("packed" if mode["packed_gqa"] else "repeat"))
 
 
 def tokens_of(groups) -> list[list[int]]:
@@ -59,8 +67,10 @@ async def bench(args) -> list[dict]:
     train, _, test = pipeline.load_splits(cfg)
     trainer = learning_proof.build_trainer(cfg, max_batch=cfg.rollout.concurrency, batch_wait_s=0.3,
                                            random_weights=args.random_weights, shape=args.shape)
-    modes = {"old": {"batch_wait_s": 0.3, "batch_gap_s": None, "micro_batch_tokens": 0},
-             "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens}}
+    modes = {"old": {"batch_wait_s": 0.3, "batch_gap_s": None, "micro_batch_tokens": 0, "hand_back": False,
+                     "packed_gqa": False},
+             "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
+                     "hand_back": True, "packed_gqa": True}}
     rows: list[dict] = []
     async with pipeline.open_server(cfg) as server:
         with tempfile.TemporaryDirectory() as tmp:

@@ -30,6 +30,11 @@ _TOOL_PREFIX = '<tool_call>\n{"name": "'
 _STOP_STRING = "</tool_call>"
 
 
+def _resolve(future: asyncio.Future, choice: Any) -> None:
+    if not future.done():  # the caller may have given up (timeout, cancel)
+        future.set_result(choice)
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -60,12 +65,14 @@ class LocalPolicy:
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_batch: int = 8,
                  batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
-                 cuda_graph: bool = True, batch_gap_s: float | None = None):
+                 cuda_graph: bool = True, batch_gap_s: float | None = None, hand_back: bool = True):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         # None: a batch waits `batch_wait_s` after its first request. A gap: it closes as soon as no new
         # request came for `batch_gap_s` (still at most `batch_wait_s`), so a wave of rollouts returning
         # from their tool calls over a second joins one decode instead of splitting at a fixed window.
         self.batch_gap_s = batch_gap_s
+        # A request whose row finishes early is answered then, not when the batch's longest row ends.
+        self.hand_back = hand_back
         self.cuda_graph = cuda_graph
         self.max_batch, self.batch_wait_s, self.tool_prefix = max_batch, batch_wait_s, tool_prefix
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
@@ -169,6 +176,9 @@ class LocalPolicy:
             lps = torch.zeros((n, max_new), dtype=torch.float32, device=device)
             done = torch.zeros(n, dtype=torch.bool, device=device)
             stops, checked = torch.tensor(self.stop_ids, device=device), 0
+            limits = torch.tensor([r.max_new for r in reqs], device=device)
+            handed = torch.zeros(n, dtype=torch.bool, device=device)
+            forced = forced_lp.tolist() if forced_lp is not None else [[] for _ in reqs]
             for t in range(max_new):
                 lp = torch.log_softmax(logits.float(), -1)  # logprobs at temperature 1 (DESIGN.md)
                 if temperature > 0:
@@ -180,15 +190,30 @@ class LocalPolicy:
                 done |= torch.isin(tok, stops)
                 if (t + 1) % 8 == 0 or t + 1 == max_new:  # host syncs every 8 steps, not every step
                     checked = self._stop_at_string(tokens, done, checked, t + 1)
+                    done |= limits <= t + 1  # a row past its own max_tokens is finished too
+                    finished = done & ~handed
+                    if self.hand_back and t + 1 < max_new and bool(finished.any()):
+                        handed |= finished
+                        self._hand_back(reqs, finished, tokens[:, : t + 1], lps[:, : t + 1], forced)
                     if bool(done.all()):
                         break
                 if t + 1 < max_new:
                     logits = decoder.step(tok, width + t)
             new, new_lp = tokens.tolist(), lps.tolist()
-            forced = forced_lp.tolist() if forced_lp is not None else [[] for _ in reqs]
         self.generate_calls += 1
         self.last_batch_size = n
         return [self._choice(r, new[i], new_lp[i], forced[i]) for i, r in enumerate(reqs)]
+
+    def _hand_back(self, reqs: list[_Request], rows: Any, tokens: Any, lps: Any, forced: list) -> None:
+        """Answer the requests of `rows` (finished) now, while the batch decodes its longer rows.
+
+        Their rollouts go on to their tool calls during the decode's tail instead of after it, and
+        are back in the queue for the next batch when this one ends (the serve loop skips answered
+        futures). Called from the decode thread: results go to the event loop thread-safely."""
+        index = rows.nonzero()[:, 0].tolist()
+        for i, toks, lp in zip(index, tokens[index].tolist(), lps[index].tolist()):
+            choice = self._choice(reqs[i], toks, lp, forced[i])
+            self._loop.call_soon_threadsafe(_resolve, reqs[i].future, choice)
 
     def _stop_at_string(self, tokens: Any, done: Any, checked: int, upto: int) -> int:
         """Finish the rows whose text gained `</tool_call>` since token `checked`; returns `upto`.

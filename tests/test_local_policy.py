@@ -285,3 +285,22 @@ async def test_decoding_without_repeat_kv_gives_the_forward_pass_logprobs(tok, m
     for b, messages in zip(batched, CONVERSATIONS):
         assert [t.logprob for t in b.logprobs.content] == pytest.approx(
             forward_logprobs(model, tok, messages, [], ids_of(b)), abs=1e-4)
+
+
+async def test_a_finished_row_is_answered_while_the_batch_decodes_on(tok, tiny):
+    """A request that ends early gets its Choice during the decode (its rollout can call its tool),
+    the same Choice the batch's end would have given it."""
+    policy = LocalPolicy(tiny, tok)
+    answered_during = {}
+
+    async def ask(k, max_tokens):
+        choice = await policy.complete(CONVERSATIONS[k], [], max_tokens=max_tokens, temperature=0)
+        answered_during[k] = policy.generate_calls == 0  # the batch's decode has not returned yet
+        return choice
+
+    short, long = await asyncio.gather(ask(0, 8), ask(1, 40))
+    assert policy.generate_calls == 1 and answered_during == {0: True, 1: False}
+    assert len(ids_of(short)) == 8 and len(ids_of(long)) == 40
+    alone = await policy.complete(CONVERSATIONS[0], [], max_tokens=8, temperature=0)
+    assert ids_of(alone) == ids_of(short) and [t.logprob for t in alone.logprobs.content] == pytest.approx(
+        [t.logprob for t in short.logprobs.content], abs=1e-5)
