@@ -5,7 +5,7 @@
     metrics = await trainer.train(groups)                    # one optimizer step per batch of groups
     trainer.save("runs/demo/checkpoints/0003")               # atomic: adapter + optimizer + step
 
-What is written by hand here, and why: the GRPO loss and its update loop. TRL's
+What is written by hand here, and why: the update loop, and the GRPO loss it calls (loss.py). TRL's
 GRPOTrainer owns its own generation loop (prompt -> completions), so it cannot
 take our multi-turn MCP trajectories with tool messages in between; ART 0.4.11's
 loss lives inside its Unsloth/TRL trainer service and needs a CUDA GPU + vLLM.
@@ -39,65 +39,18 @@ from typing import Any, Iterable, Iterator
 
 import art
 import torch
-import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from art.preprocessing.tokenize import tokenize_trajectory, tokenize_trajectory_groups
 from art.trajectories import History
 from . import distributed
 from .local_policy import art_tokenizer
+from .loss import LOSSES, _backbone_and_head, _chunked_logprobs, grpo_loss, off_policy_stats
 
 log = logging.getLogger(__name__)
 
-LOSSES = ("dr_grpo", "grpo")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 STATE_FILE = "trainer_state.json"
 _FORMAT = 1
-
-
-def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, *, kind: str = "dr_grpo", epsilon: float = 0.2,
-              constant: float | None = None) -> torch.Tensor:
-    """PPO-clipped GRPO loss over [B, T] token log-probabilities.
-
-    `old_logprobs` are the sampler's (NaN/inf where unknown: treated as on-policy, ratio 1,
-    as ART does); `advantages` is [B] or [B, T]; `mask` marks trained tokens.
-    kind="dr_grpo": token losses summed and divided by `constant` (default B*T; the
-    trainer passes max_seq_len * sequences-in-step), no length normalisation.
-    kind="grpo": mean over each sequence's tokens, summed over sequences and divided
-    by `constant` (default B). With one update per batch the ratio is 1 and the clip
-    is inactive, so this is the plain policy gradient.
-    """
-    if kind not in LOSSES:
-        raise ValueError(f"loss kind must be one of {LOSSES}, got {kind!r}")
-    mask = mask.to(new_logprobs.dtype)
-    old = torch.where(torch.isfinite(old_logprobs), old_logprobs, new_logprobs.detach())
-    adv = advantages.to(new_logprobs.dtype)
-    if adv.dim() == new_logprobs.dim() - 1:
-        adv = adv.unsqueeze(-1)
-    ratio = torch.exp(new_logprobs - old)
-    token_loss = -torch.min(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon) * adv) * mask
-    if kind == "dr_grpo":
-        return token_loss.sum() / (constant if constant is not None else new_logprobs.numel())
-    per_seq = token_loss.sum(-1) / mask.sum(-1).clamp(min=1)
-    return per_seq.sum() / (constant if constant is not None else new_logprobs.shape[0])
-
-
-def off_policy_stats(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, *,
-                     epsilon: float = 0.2) -> tuple[float, float, float]:
-    """(sum |new - old|, tokens with the ratio outside 1 +- epsilon, tokens) over masked tokens with known old.
-
-    Before the update of a one-update-per-batch step the trainer's logprobs should equal the sampler's:
-    a gap means the sampler is off-policy (a stale adapter, or kernels or precision that differ).
-    The trainer logs the mean gap (`logprob_gap`) and the clipped share (`clip_fraction`).
-
-    >>> off_policy_stats(torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[-1.0, -2.5, float("nan")]]),
-    ...                  torch.tensor([[1.0, 1.0, 1.0]]))
-    (0.5, 1.0, 2.0)
-    """
-    known = torch.isfinite(old_logprobs) & (mask > 0)
-    diff = (new_logprobs.detach().float() - torch.where(known, old_logprobs, 0.0).float())[known]
-    clipped = (diff.exp() - 1).abs() > epsilon
-    return float(diff.abs().sum()), float(clipped.sum()), float(known.sum())
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -137,36 +90,6 @@ def _tokenizing() -> Iterator[None]:
     except (AssertionError, IndexError, KeyError, ValueError, AttributeError) as e:
         raise ValueError(f"ART could not tokenize a trajectory ({type(e).__name__}: {e}); assistant turns must be "
                          "Choices whose logprobs.content tokens read 'token_id:<id>'") from e
-
-
-def _backbone_and_head(model: Any) -> tuple[Any, Any] | None:
-    """(decoder, lm_head) of a plain causal LM whose logits are just lm_head(hidden), else None.
-
-    Models that scale or soft-cap their logits (Gemma, Cohere, ...) keep the full forward."""
-    backbone, head = getattr(model, "model", None), model.get_output_embeddings()
-    plain = not any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
-    return (backbone, head) if plain and backbone is not None and isinstance(head, torch.nn.Linear) else None
-
-
-def _chunked_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, autocast: Any,
-                      chunk: int = 1024) -> torch.Tensor:
-    """log p(target) from the hidden states, `chunk` positions at a time.
-
-    The full [B, K, vocab] float32 logits (and their gradient) would dominate the step's memory
-    for a 150k vocabulary (bench/RESULTS.md): each chunk's logits are recomputed in the backward
-    pass instead of kept (activation checkpointing), as TRL's and Liger's fused heads do."""
-    def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        with autocast():
-            logits = head(h).float()
-        return torch.gather(logits, -1, t.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-
-    flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    parts = []
-    for i in range(0, flat_t.shape[0], chunk):
-        h, t = flat_h[i:i + chunk], flat_t[i:i + chunk]
-        grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
-        parts.append(torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if grad else piece(h, t))
-    return torch.cat(parts).reshape(targets.shape)
 
 
 class PortableTrainer:

@@ -1,10 +1,9 @@
-"""Tests for mcp_rl/train.py: the GRPO loss by hand values, and real LoRA steps on SmolLM2-135M.
+"""Tests for mcp_rl/train.py: real LoRA steps on SmolLM2-135M and a tiny Llama (the loss: test_loss.py).
 
     .venv/bin/python -m pytest tests/test_train.py -q            # all (about a minute on 2 cores)
     .venv/bin/python -m pytest tests/test_train.py -q -m "not slow"
 """
 
-import contextlib
 import copy
 import importlib.util
 import math
@@ -19,60 +18,12 @@ from openai.types.chat.chat_completion_message import ChatCompletionMessage
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 from mcp_rl import train as train_mod
-from mcp_rl.train import PortableTrainer, grpo_loss
+from mcp_rl.train import PortableTrainer
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = [{"role": "system", "content": "You answer questions about the company database."},
           {"role": "user", "content": "How many employees are there?"}]
 GOOD, BAD = "There are 42 employees.", "I cannot say, sorry."
-
-
-# ---- grpo_loss: hand-computed values ------------------------------------------------
-ON_POLICY = dict(new=torch.zeros(2, 3), old=torch.zeros(2, 3), adv=torch.tensor([1.0, -1.0]),
-                 mask=torch.tensor([[1.0, 1, 1], [1, 0, 0]]))
-
-
-@pytest.mark.parametrize("kind, constant, expected", [
-    # token losses: row 0 = -1,-1,-1 ; row 1 = +1 (one token)
-    ("dr_grpo", None, (-3 + 1) / 6),    # summed, divided by B*T
-    ("dr_grpo", 100.0, (-3 + 1) / 100),  # the trainer's max_seq_len * sequences
-    ("grpo", None, (-1 + 1) / 2),       # per-sequence means (-1, +1), averaged
-    ("grpo", 4.0, (-1 + 1) / 4),
-])
-def test_grpo_loss_on_policy_values(kind, constant, expected):
-    loss = grpo_loss(ON_POLICY["new"], ON_POLICY["old"], ON_POLICY["adv"], ON_POLICY["mask"], kind=kind, constant=constant)
-    assert loss.item() == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("ratio, adv, token_loss", [
-    (1.5, 1.0, -1.2),   # gain is clipped at 1 + eps
-    (1.5, -1.0, 1.5),   # pessimistic side: not clipped
-    (0.5, 1.0, -0.5),
-    (0.5, -1.0, 0.8),   # clipped at 1 - eps
-    (1.1, 1.0, -1.1),   # inside the trust region
-])
-def test_grpo_loss_clips_the_ratio(ratio, adv, token_loss):
-    new, old = torch.tensor([[math.log(ratio)]]), torch.zeros(1, 1)
-    loss = grpo_loss(new, old, torch.tensor([adv]), torch.ones(1, 1), kind="dr_grpo", epsilon=0.2)
-    assert loss.item() == pytest.approx(token_loss, rel=1e-5)
-
-
-def test_grpo_loss_gradient_is_the_policy_gradient_on_policy():
-    new = torch.zeros(2, 3, requires_grad=True)
-    grpo_loss(new, torch.zeros(2, 3), ON_POLICY["adv"], ON_POLICY["mask"], kind="dr_grpo", constant=10.0).backward()
-    expected = -ON_POLICY["adv"].unsqueeze(-1) * ON_POLICY["mask"] / 10.0
-    assert torch.allclose(new.grad, expected)
-
-
-def test_grpo_loss_treats_unknown_old_logprobs_as_on_policy():
-    new = torch.tensor([[-0.7, -2.0]])
-    loss = grpo_loss(new, torch.tensor([[float("nan"), float("-inf")]]), torch.tensor([2.0]), torch.ones(1, 2))
-    assert loss.item() == pytest.approx(-2.0 * 2 / 2)
-
-
-def test_grpo_loss_rejects_unknown_kind():
-    with pytest.raises(ValueError, match="dr_grpo"):
-        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), kind="ppo")
 
 
 def test_trainer_rejects_a_policy_without_model():
@@ -238,24 +189,6 @@ def test_a_choice_without_token_ids_gets_a_clear_error(policy):
     with pytest.raises(ValueError, match="token_id:<id>"):
         trainer.train_step([art.TrajectoryGroup([good, broken])])
     assert trainer.step == 0
-
-
-def test_chunked_logprobs_match_the_full_logits_and_their_gradient():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from mcp_rl.train import _backbone_and_head, _chunked_logprobs
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
-    ids = torch.randint(0, 300, (3, 20))
-    backbone, head = _backbone_and_head(model)
-    hidden = backbone(input_ids=ids[:, :-1]).last_hidden_state[:, -12:]
-    chunked = _chunked_logprobs(head, hidden, ids[:, -12:], contextlib.nullcontext, chunk=7)  # chunks cross rows
-    (grad_chunked,) = torch.autograd.grad(chunked.sum(), head.weight)
-    full = model(input_ids=ids[:, :-1]).logits[:, -12:].log_softmax(-1).gather(-1, ids[:, -12:, None]).squeeze(-1)
-    (grad_full,) = torch.autograd.grad(full.sum(), head.weight)
-    assert torch.allclose(chunked, full, atol=1e-5) and torch.allclose(grad_chunked, grad_full, atol=1e-5)
 
 
 # ---- precision: float16 autocast with dynamic loss scaling (what a T4 gets) ------------
