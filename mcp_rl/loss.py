@@ -1,6 +1,6 @@
 """The GRPO / Dr. GRPO loss and the log-probabilities it needs: pure torch, no model, no I/O.
 
-    new = chunked_logprobs(lm_head, hidden, targets, autocast)     # [B, K], lm_head in chunks
+    new = _chunked_logprobs(lm_head, hidden, targets, autocast)    # [B, K], the LM head in chunks
     loss = grpo_loss(new, old, advantages, mask, kind="dr_grpo", constant=max_seq_len * B)
     gap, clipped, tokens = off_policy_stats(new, old, mask)          # how far the sampler was off-policy
 
