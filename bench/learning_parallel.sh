@@ -16,7 +16,17 @@
 # outlive a call (started with setsid), LP_PAUSE= (empty) runs each to its end in one go, no pause/resume:
 #   OUT=/tmp/out LP_PAUSE= setsid nohup bash bench/learning_parallel.sh 1400 RUN... >/tmp/lp.log 2>&1 &
 set -uo pipefail
+usage="usage: bash bench/learning_parallel.sh DEADLINE_S name:config:seed[:FIELD=VALUE,...] ..."
+[ $# -ge 2 ] && [[ $1 =~ ^[0-9]+$ ]] || { echo "$usage" >&2; exit 2; }
 deadline=$1; shift
+for spec in "$@"; do  # every spec checked before any run starts: a typo costs no device time
+  IFS=: read -r name config seed sets <<<"$spec"
+  if ! [[ $name =~ ^[A-Za-z0-9._-]+$ && -f $config && $seed =~ ^[0-9]+$ ]]; then
+    echo "bad run spec '${spec:0:80}': want name:config:seed[:FIELD=VALUE,...] with an existing config file" \
+      "and an integer seed" >&2
+    exit 2
+  fi
+done
 OUT=${OUT:-/tmp/out}
 RUNS=${LP_RUNS:-/tmp/runs}  # run folders (checkpoints): kept between calls
 mkdir -p "$OUT/logs" "$RUNS"
@@ -41,7 +51,8 @@ status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 for spec in "$@"; do
   name=${spec%%:*}
-  echo "== $name"; tail -n 4 "$(ls -t "$OUT"/logs/"$name"-*.log | head -1)"
+  last=$(ls -t "$OUT"/logs/"$name"-*.log 2>/dev/null | head -1)
+  [ -n "$last" ] && { echo "== $name"; tail -n 4 "$last"; }
 done
 # The device tool returns only so many files a call: everything also in one archive.
 tar czf "$OUT/learning.tgz" -C "$OUT" logs $( [ -d "$OUT/learning" ] && echo learning )

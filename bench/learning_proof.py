@@ -90,7 +90,7 @@ def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: s
         device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-    elif cfg.train.loader == "unsloth":  # Unsloth's 4-bit model, LoRA and sampler: the library's own build
+    elif cfg.train.loader == "unsloth":  # Unsloth's model (4-bit with load_in_4bit), LoRA and sampler: the library's build
         trainer = pipeline.build_trainer(cfg)
         trainer.policy.max_batch, trainer.policy.batch_wait_s = max_batch, batch_wait_s
         trainer.policy.batch_gap_s = batch_gap_s

@@ -77,3 +77,19 @@ def test_the_unsloth_loader_is_imported_before_transformers(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "transformers imported: False" in out.stdout, out.stdout + out.stderr[-2000:]
     assert out.returncode != 0 and "UnslothUnavailable: no GPU" in out.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "usage:"),
+    (["soon", "a:bench/learning/smollm2.yaml:0"], "usage:"),
+    (["60", "a:bench/learning/nope.yaml:0"], "bad run spec 'a:bench/learning/nope.yaml:0'"),
+    (["60", "a:bench/learning/smollm2.yaml:x"], "integer seed"),
+    (["60", "a b:bench/learning/smollm2.yaml:0"], "bad run spec"),
+    (["60", "a:" + "x" * 500 + ":0"], "bad run spec 'a:xxx"),  # quoted as a short prefix, not whole
+])
+def test_a_bad_run_spec_stops_before_any_run(tmp_path, args, needle):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "LP_RUNS": str(tmp_path / "runs")}
+    out = subprocess.run(["bash", "bench/learning_parallel.sh", *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and needle in out.stderr and len(out.stderr) < 300
+    assert not (tmp_path / "runs").exists()
