@@ -88,6 +88,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed decodes per mode and concurrency (after a warm-up)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.repeats < 1 or args.max_tokens < 1 or min(args.concurrency) < 1:
+        ap.error("--repeats, --max-tokens and every --concurrency must be at least 1")
     lines = [f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
              f"machine: {platform.machine()} | python {platform.python_version()} | greedy, {args.max_tokens} new tokens, "
              f"prompts ~{args.prompt_tokens} tokens", "",
