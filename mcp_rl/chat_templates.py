@@ -10,9 +10,10 @@ installed on the tokenizer itself: both see the same tokens.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
-__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer"]
+__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer", "art_tokenizing"]
 
 # Hermes / Qwen2.5-style ChatML with tools, for tokenizers whose template ignores
 # `tools=` (SmolLM2's). Written here because the model ships none; differences from
@@ -139,3 +140,13 @@ class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokeniz
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.tokenizer, name)
+
+
+@contextlib.contextmanager
+def art_tokenizing() -> Iterator[None]:
+    """ART's tokenizer errors on a malformed trajectory as one ValueError that says what it needs."""
+    try:
+        yield
+    except (AssertionError, IndexError, KeyError, ValueError, AttributeError) as e:
+        raise ValueError(f"ART could not tokenize a trajectory ({type(e).__name__}: {e}); assistant turns must be "
+                         "Choices whose logprobs.content tokens read 'token_id:<id>'") from e

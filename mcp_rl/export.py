@@ -167,7 +167,7 @@ def merge_adapter(adapter: str | os.PathLike, out_dir: str | os.PathLike, *, bas
     from peft import PeftModel
 
     from .local_policy import load_local_model
-    from .train import _atomic_dir
+    from .checkpoint import _atomic_dir
 
     folder, out = find_adapter(adapter), Path(out_dir)
     if folder.resolve().is_relative_to(out.resolve()):

@@ -5,6 +5,8 @@
     metrics = await trainer.train(groups)                    # one optimizer step per batch of groups
     trainer.save("runs/demo/checkpoints/0003")               # atomic: adapter + optimizer + step
 
+This file is the GRPO update; the warm start is in sft.py, checkpoints in checkpoint.py (both
+mixed into PortableTrainer), the loss in loss.py.
 What is written by hand here, and why: the update loop, and the GRPO loss it calls (loss.py). TRL's
 GRPOTrainer owns its own generation loop (prompt -> completions), so it cannot
 take our multi-turn MCP trajectories with tool messages in between; ART 0.4.11's
@@ -23,34 +25,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import inspect
-import json
 import logging
 import math
-import os
-import random
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import art
 import torch
-from tqdm.auto import tqdm
-from art.preprocessing.tokenize import tokenize_trajectory, tokenize_trajectory_groups
-from art.trajectories import History
+from art.preprocessing.tokenize import tokenize_trajectory_groups
+
 from . import distributed
-from .local_policy import art_tokenizer
+from .chat_templates import art_tokenizer, art_tokenizing
+from .checkpoint import Checkpoints
 from .loss import LOSSES, _backbone_and_head, _chunked_logprobs, grpo_loss, off_policy_stats
+from .sft import WarmStart
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-STATE_FILE = "trainer_state.json"
-_FORMAT = 1
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -62,37 +56,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
 
 
-@contextlib.contextmanager
-def _atomic_dir(target: Path) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it replaces `target` by rename.
-
-    A crash leaves `target` as it was (plus a `<name>.tmp-XXXX` folder that no loader reads)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-        old = None
-        if target.exists():  # a directory cannot be renamed onto a non-empty one: move it aside first
-            old = Path(tempfile.mkdtemp(prefix=f"{target.name}.old-", dir=target.parent))
-            os.replace(target, old / target.name)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-@contextlib.contextmanager
-def _tokenizing() -> Iterator[None]:
-    try:
-        yield
-    except (AssertionError, IndexError, KeyError, ValueError, AttributeError) as e:
-        raise ValueError(f"ART could not tokenize a trajectory ({type(e).__name__}: {e}); assistant turns must be "
-                         "Choices whose logprobs.content tokens read 'token_id:<id>'") from e
-
-
-class PortableTrainer:
+class PortableTrainer(WarmStart, Checkpoints):
     """LoRA GRPO trainer on `policy.model` (anything with `.model`, `.tokenizer`, `.step`).
 
     The model is wrapped with peft LoRA in place (`policy.model` becomes the PeftModel)
@@ -263,7 +227,7 @@ class PortableTrainer:
             log.info("skipped %d of %d groups with zero reward variance (no advantage to learn from)",
                      zero_var, len(groups))
         with self._lock:
-            with _tokenizing():
+            with art_tokenizing():
                 results = list(tokenize_trajectory_groups(self.tokenizer, kept, allow_training_without_logprobs=False,
                                                           scale_rewards=(self.loss == "grpo")))
             seqs, too_long = self._keep_fitting([self._sequence(r) for r in results])
@@ -303,134 +267,3 @@ class PortableTrainer:
     async def train(self, groups: list[art.TrajectoryGroup]) -> dict[str, float]:
         """`train_step` in a worker thread, so the event loop (MCP sessions, servers) keeps running."""
         return await asyncio.to_thread(self.train_step, groups)
-
-    # ---- supervised warm start ----------------------------------------------------
-    def _sft_sequences(self, trajectories: Iterable[art.Trajectory]) -> list[dict]:
-        seqs = []
-        for t in trajectories:
-            for history in [History(messages_and_choices=t.messages_and_choices, tools=t.tools), *t.additional_histories]:
-                with _tokenizing():
-                    result = tokenize_trajectory(self.tokenizer, history, 1.0, False)
-                if result:
-                    seqs.append(self._sequence(result))
-        if not seqs:
-            raise ValueError("no demonstration has an assistant Choice with token logprobs to imitate "
-                             "(build them with DemonstrationPolicy, whose Choices carry token_id:<id> logprobs)")
-        return self._keep_fitting(seqs)[0]
-
-    def sft_nll(self, trajectories: Iterable[art.Trajectory]) -> float:
-        """Mean negative log-likelihood per assistant token (no update)."""
-        seqs, total, count = self._sft_sequences(trajectories), 0.0, 0.0
-        with torch.no_grad():
-            for batch in self._micro_batches(seqs):
-                new, _, mask = self._logprobs(batch)
-                total += float(-(new * mask).sum())
-                count += float(mask.sum())
-        return total / max(count, 1.0)
-
-    def sft_step(self, trajectories: Iterable[art.Trajectory], *, learning_rate: float = 2e-4) -> dict[str, float]:
-        """One supervised update: mean NLL over all assistant tokens of the demonstrations."""
-        start = time.perf_counter()
-        if self._sft_optimizer is None:  # its own optimizer: SFT moments should not leak into RL steps
-            self._sft_optimizer = torch.optim.AdamW(self.params, lr=learning_rate, betas=(0.9, 0.99))
-        for group in self._sft_optimizer.param_groups:
-            group["lr"] = learning_rate
-        with self._lock:
-            seqs = self._sft_sequences(trajectories)
-            n_tokens = sum(sum(s["mask"]) for s in seqs)
-            was_training, nll = self.model.training, 0.0
-            self.model.train()
-            try:
-                for batch in self._micro_batches(distributed.shard(self._by_length(seqs))):  # as in train_step
-                    new, _, mask = self._logprobs(batch)
-                    loss = -(new * mask).sum() / n_tokens
-                    self._backward(loss)
-                    nll += float(loss.detach())
-                distributed.all_reduce_grads(self.params)
-                nll = distributed.total(nll)
-                grad_norm = self._update(self._sft_optimizer)
-            finally:
-                self.model.train(was_training)
-            self.sft_steps += 1
-        return {"nll": nll, "num_sequences": float(len(seqs)), "num_tokens": float(n_tokens),
-                "grad_norm": grad_norm, "seconds": time.perf_counter() - start}
-
-    def warm_start(self, trajectories: list[art.Trajectory], epochs: int = 1, *, learning_rate: float = 2e-4,
-                   batch_size: int = 8, seed: int = 0) -> dict[str, float]:
-        """Supervised passes over demonstrations before RL (teaches the tool-call format).
-
-        Does not advance `step` (that counts RL updates); counted in `sft_steps`."""
-        trajectories = list(trajectories)
-        if not trajectories or epochs < 1 or batch_size < 1:
-            raise ValueError("warm_start needs at least one demonstration, epochs >= 1 and batch_size >= 1")
-        start, rng, history = time.perf_counter(), random.Random(seed), []
-        for epoch in range(epochs):
-            order = trajectories[:]
-            rng.shuffle(order)
-            nlls = []
-            bar = tqdm(range(0, len(order), batch_size), desc=f"warm start {epoch + 1}/{epochs}", leave=True)
-            for i in bar:
-                nlls.append(self.sft_step(order[i:i + batch_size], learning_rate=learning_rate)["nll"])
-                bar.set_postfix(nll=f"{nlls[-1]:.3f}")
-            history.append(sum(nlls) / len(nlls))
-            print(f"warm start epoch {epoch + 1}/{epochs} | nll {history[-1]:.3f}", flush=True)
-        return {"epochs": float(epochs), "steps": float(self.sft_steps), "nll_first_epoch": history[0],
-                "nll_last_epoch": history[-1], "num_trajectories": float(len(trajectories)),
-                "seconds": time.perf_counter() - start}
-
-    # ---- checkpoints --------------------------------------------------------------
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write adapter/ (peft), optimizer.pt and trainer_state.json atomically to `directory`."""
-        target = Path(directory)
-        with self._lock, _atomic_dir(target) as tmp:
-            self.model.save_pretrained(tmp / "adapter")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            (tmp / STATE_FILE).write_text(json.dumps({
-                "format": _FORMAT, "step": self.step, "sft_steps": self.sft_steps, "loss": self.loss,
-                "precision": self.precision, "skipped_steps": self.skipped_steps,
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "learning_rate": self.learning_rate, "max_seq_len": self.max_seq_len}, indent=2))
-        return target
-
-    def load(self, directory: str | os.PathLike) -> dict:
-        """Restore LoRA weights, optimizer state and step from a `save`d folder."""
-        from peft.utils import load_peft_weights, set_peft_model_state_dict
-
-        path = Path(directory)
-        if not (path / STATE_FILE).is_file() or not (path / "adapter").is_dir():
-            raise FileNotFoundError(f"{path} is not a PortableTrainer checkpoint (no {STATE_FILE} or adapter/); "
-                                    "pass a folder written by trainer.save()")
-        state = json.loads((path / STATE_FILE).read_text())
-        weights = load_peft_weights(str(path / "adapter"), device=str(self.device))
-        try:
-            result = set_peft_model_state_dict(self.model, weights)
-        except RuntimeError as e:  # shape mismatch: another rank or model
-            raise ValueError(f"checkpoint {path} does not fit this model's LoRA (different rank/model?): {e}") from e
-        if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"checkpoint {path} has weights this model lacks: {result.unexpected_keys[:3]}...")
-        if (path / "optimizer.pt").is_file():
-            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
-        self.step, self.sft_steps = int(state["step"]), int(state.get("sft_steps", 0))
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])  # resume with the loss scale the run had reached
-        self.policy.step = self.step
-        return state
-
-    def merge_and_save(self, directory: str | os.PathLike) -> Path:
-        """Export a merged Hugging Face model (+ tokenizer) for serving (vLLM, llama.cpp convert...).
-
-        Merges a copy (the live model keeps its adapter), so it needs the model's memory twice."""
-        from transformers import AutoModelForCausalLM
-
-        with self._lock:
-            merged = copy.deepcopy(self.model).merge_and_unload()
-        if getattr(merged, "hf_quantizer", None) is not None:
-            # A GGUF-loaded model refuses save_pretrained; its weights are plain dequantized tensors.
-            clean = AutoModelForCausalLM.from_config(merged.config)
-            clean.load_state_dict(merged.state_dict())
-            merged = clean
-        with _atomic_dir(Path(directory)) as tmp:
-            merged.save_pretrained(tmp)
-            self.tokenizer.tokenizer.save_pretrained(tmp)
-        return Path(directory)
