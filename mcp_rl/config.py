@@ -253,6 +253,25 @@ def to_dict(cfg: Config) -> dict:
     return data
 
 
+SECRETS = (("server_token",), ("worker_token",), ("reward", "judge_api_key"))  # never written to a run folder
+
+
+def redacted(cfg: Config) -> dict:
+    """`to_dict(cfg)` with every secret that is set replaced by "<redacted>" (what config.json records).
+
+    >>> redacted(Config(server_token="s3cret"))["server_token"], redacted(Config())["server_token"]
+    ('<redacted>', None)
+    """
+    data = to_dict(cfg)
+    for *path, key in SECRETS:
+        node = data
+        for part in path:
+            node = node[part]
+        if node.get(key):
+            node[key] = "<redacted>"
+    return data
+
+
 def preset(name: str = "cpu", **overrides: Any) -> Config:
     """A preset Config, with optional top-level or nested (dict) overrides."""
     if name not in PRESETS:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import distributed, pipeline
 from .audit import TOOL_CALLS, log_tool_calls
-from .config import Config, to_dict
+from .config import Config, redacted
 from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
 
 # Trainers loaded in this process, by run folder: a notebook cell run twice reuses the model
@@ -201,7 +201,7 @@ def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True) -> Run:
     else:
         print(f"run {out}: new run")
     if distributed.is_main():
-        write_json_atomic(out / "config.json", to_dict(cfg))
+        write_json_atomic(out / "config.json", redacted(cfg))  # keys and tokens stay out
     return run
 
 

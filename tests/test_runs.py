@@ -139,3 +139,14 @@ def test_a_server_with_side_effects_is_refused_before_the_model_loads(tmp_path, 
     assert json.loads((tmp_path / "run" / "config.json").read_text())["allow_side_effects"] is False
     with pytest.raises(Loaded):  # opted in: the run goes on to load the model
         asyncio.run(run(apply_overrides(cfg, ["allow_side_effects=true"]), resume=True))
+
+
+def test_config_json_records_no_key_or_token(tmp_path):
+    cfg = apply_overrides(config(tmp_path / "run"), ["server_token=tok-123", "worker_token=wk-456",
+                                                     "reward.judge_api_key=sk-secret-789"])
+    open_run(cfg)
+    text = (tmp_path / "run" / "config.json").read_text()
+    assert "tok-123" not in text and "wk-456" not in text and "sk-secret-789" not in text
+    recorded = json.loads(text)
+    assert recorded["reward"]["judge_api_key"] == recorded["server_token"] == "<redacted>"
+    assert cfg.reward.judge_api_key == "sk-secret-789"  # the run itself still has the key
