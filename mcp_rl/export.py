@@ -149,7 +149,9 @@ def _unquantized(model: Any, name: str) -> Any:
     # are plain dequantized tensors, so a fresh model of the same config can take them.
     from transformers import AutoModelForCausalLM
 
-    clean = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype)
+    from .models import dtype_kwarg
+
+    clean = AutoModelForCausalLM.from_config(model.config, **dtype_kwarg(model.dtype))
     clean.load_state_dict(model.state_dict())
     clean.generation_config = model.generation_config
     return clean

@@ -79,6 +79,15 @@ def _gguf_dir(name: str = SMOLLM2) -> Path:
     return d
 
 
+def dtype_kwarg(dtype: Any) -> dict[str, Any]:
+    """`{"dtype": dtype}` for `from_pretrained` / `from_config`, or `{"torch_dtype": dtype}` before
+    transformers 4.56, which took only that name: ART's vLLM stack (the Colab 'art' install) pins 4.53.2."""
+    import transformers
+    from packaging.version import Version
+
+    return {"dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype": dtype}
+
+
 def _cache_dir(name: str = SMOLLM2) -> Path:
     return _cache_root() / name
 
@@ -89,7 +98,7 @@ def _build_cache(name: str, cache: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src, gguf_file = _gguf_dir(name), EMBEDDED[name].gguf_file
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, **dtype_kwarg(torch.float32))
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
     # save_pretrained refuses a GGUF-loaded model; a fresh model with its weights does not.
     model = AutoModelForCausalLM.from_config(gguf_model.config)
@@ -156,7 +165,7 @@ def load_local_model(name_or_path: str = SMOLLM2, *, dtype: Any = None, device: 
             torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16)
     elif isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    kwargs: dict[str, Any] = {"dtype": dtype}
+    kwargs: dict[str, Any] = dtype_kwarg(dtype)
     if quantize_4bit:
         if not str(device).startswith("cuda") or name_or_path in EMBEDDED:
             raise ValueError("quantize_4bit needs CUDA and a Hugging Face model (not the embedded GGUF); "

@@ -18,7 +18,7 @@ from transformers.utils.quantization_config import QuantizationMethod
 from mcp_rl import cli
 from mcp_rl.export import _unquantized, find_adapter, load_with_adapter, merge_adapter, recorded_base_model
 from mcp_rl.local_policy import load_local_tokenizer
-from mcp_rl.models import tiny_llama
+from mcp_rl.models import dtype_kwarg, tiny_llama
 
 IDS = torch.tensor([[1, 17, 230, 4051, 99, 12, 7, 2048]])
 
@@ -164,7 +164,7 @@ def test_find_adapter_says_what_it_expected(make, error, message, tmp_path):
 
 # ---- merge_adapter ---------------------------------------------------------------------
 def check_merged(out: Path, lora, base_dir: Path) -> None:
-    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    merged = AutoModelForCausalLM.from_pretrained(out, **dtype_kwarg(torch.float32)).eval()
     got = logits(merged)
     assert (got - lora.peft).abs().max() < 1e-4 < 1e-2 < (got - lora.base).abs().max()  # merged, not the base
     assert not any("lora" in k for k in merged.state_dict())
@@ -189,7 +189,7 @@ def test_model_overrides_a_missing_recorded_base(lora, base_dir, tmp_path):
 @pytest.mark.parametrize("dtype, expected", [("auto", torch.float32), ("bfloat16", torch.bfloat16)])
 def test_merge_dtype(dtype, expected, lora, base_dir, tmp_path):
     out = merge_adapter(copy_adapter(lora, tmp_path / "a"), tmp_path / "m", dtype=dtype)
-    assert AutoModelForCausalLM.from_pretrained(out, dtype="auto").dtype == expected
+    assert AutoModelForCausalLM.from_pretrained(out, **dtype_kwarg("auto")).dtype == expected
 
 
 @pytest.mark.parametrize("out, base, message", [
@@ -280,7 +280,7 @@ def test_cli_export_writes_gguf_and_an_ollama_modelfile(lora, base_dir, tmp_path
     out = capsys.readouterr().out
     assert "(temporary)" in out and "ollama create sql-agent -f" in out and "llama f16" in out
     assert (tmp_path / "ollama" / "Modelfile").read_text().startswith("FROM ./agent.gguf\n")
-    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ollama", gguf_file="agent.gguf", dtype=torch.float32)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ollama", gguf_file="agent.gguf", **dtype_kwarg(torch.float32))
     assert torch.allclose(logits(back), lora.peft, atol=5e-3)  # the GGUF is the merged model
 
 

@@ -56,6 +56,9 @@ def test_colab_set_resolves_for_python_312(tmp_path):
                 for i in json.loads((tmp_path / "report.json").read_text())["install"]}
     assert resolved["vllm"] == "0.9.2" and resolved["openpipe-art"] == "0.4.11"
     assert resolved["fastmcp"] == "4.2.3"
+    from test_art_stack import ART_STACK  # what tests/test_art_stack.py runs our merge on
+
+    assert {k: resolved.get(k) for k in ART_STACK} == ART_STACK
 
 
 def test_unsloth_extra_leaves_torch_and_vllm_alone():
