@@ -178,9 +178,11 @@ def merge_adapter(adapter: str | os.PathLike, out_dir: str | os.PathLike, *, bas
     if not base:
         raise ValueError(f"{folder / ADAPTER_CONFIG} records no base model; pass base_model= (--model)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from huggingface_hub.errors import HFValidationError  # hub < 1.0 (ART's stack): a missing folder read as a repo id
+
     try:
         model, tokenizer = load_local_model(base, dtype=_dtype(dtype), device=device)
-    except OSError as e:
+    except (OSError, HFValidationError) as e:
         raise FileNotFoundError(f"cannot load base model {base!r} ({str(e).splitlines()[0]}); pass the model the "
                                 "adapter was trained on with base_model= (--model)") from e
     model = _unquantized(model, base)

@@ -4,7 +4,8 @@ The Colab 'art' install pins transformers 4.53.2 (openpipe-art[backend] 0.4.11, 
 names the dtype argument `torch_dtype`; CI's venv has transformers 5. This test installs that stack's
 transformers, tokenizers, huggingface_hub, peft and accelerate (the versions the Colab set resolves
 to; test_packaging checks they still do) into a folder, and in a subprocess that imports them first,
-merges a LoRA with `mcp_rl.export.merge_adapter` and checks the merged logits. Needs PyPI (~15 MB).
+merges a LoRA with `mcp_rl.export.merge_adapter`, checks the merged logits, and writes it as GGUF
+(notebook 01's export cell). Needs PyPI (~15 MB).
 Run: pytest tests/test_art_stack.py
 """
 
@@ -26,6 +27,7 @@ SCRIPT = textwrap.dedent("""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from mcp_rl.export import merge_adapter
+    from mcp_rl.gguf_export import gguf_summary, write_gguf
 
     root = sys.argv[1]
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", *"abcdefghijklmnopqrstuvwxyz"])}
@@ -49,6 +51,8 @@ SCRIPT = textwrap.dedent("""
     with torch.no_grad():
         got = merged(input_ids=ids).logits
     assert (got - want).abs().max() < 1e-4, float((got - want).abs().max())
+    summary = gguf_summary(write_gguf(out, f"{root}/agent.gguf", quant="q8_0"))  # the notebook's next step
+    assert summary["architecture"] == "llama" and summary["chat_template"], summary
     print("merged on transformers", transformers.__version__, "peft", peft.__version__)
 """)
 

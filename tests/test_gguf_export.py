@@ -13,6 +13,7 @@ import torch
 
 from mcp_rl.gguf_export import gguf_summary, write_gguf
 from mcp_rl.local_policy import load_local_tokenizer
+from mcp_rl.models import dtype_kwarg
 
 PROMPTS = ["How many employees work in the Sales department?",
            "<|im_start|>user\nList the tables.<|im_end|>\n<|im_start|>assistant\n<tool_call>\n",
@@ -34,7 +35,7 @@ def agreement(a, b, tok) -> float:
 def load_gguf(path):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **dtype_kwarg(torch.float32)).eval()
 
 
 @pytest.fixture(scope="module")
