@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 REPO_URL = ""  # the mcp-rl git repository (notebooks/sync.py fills it in from pyproject.toml)
+REPO_BRANCH = "main"  # the branch this notebook came from (the same source)
 INSTALL = "art"  # "art" (ART + vLLM) or "unsloth" (the light install)
 
 
@@ -42,7 +43,7 @@ if root is None:
         raise RuntimeError("REPO_URL is empty: set it at the top of this cell to the mcp-rl git URL "
                            "(https://github.com/<owner>/mcp-rl), then run the cell again")
     target = Path("/content/mcp-rl") if Path("/content").is_dir() else Path("mcp-rl").resolve()
-    sh("git", "clone", "--depth", "1", REPO_URL, str(target))
+    sh("git", "clone", "--depth", "1", "--branch", REPO_BRANCH, REPO_URL, str(target))
     root = target
 os.chdir(root)
 if str(root) not in sys.path:

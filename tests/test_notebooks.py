@@ -99,10 +99,36 @@ def test_with_a_repository_set_badges_and_install_cell_use_it(sync, monkeypatch)
 
 
 def test_without_a_repository_there_is_no_badge_but_a_note(sync):
-    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]["repository"] == ""
-    readme = (ROOT / "README.md").read_text()
+    readme = sync.render_readme("")
     assert sync.NO_REPO in readme and "colab.research.google.com/github" not in readme
-    assert 'REPO_URL = ""' in tagged(load(NOTEBOOKS[0]), "install")[0].source
+    nb = nbformat.reads(sync.render(NB_DIR / "01_train_sql_agent.py", ""), as_version=4)
+    assert 'REPO_URL = ""' in tagged(nb, "install")[0].source and "colab.research" not in nb.cells[0].source
+
+
+def test_the_install_cell_clones_the_branch_the_badge_opens(sync):
+    source = sync.install_source("https://github.com/someone/mcp-rl", "dev")
+    assert 'REPO_BRANCH = "dev"' in source and '"--branch", REPO_BRANCH' in source
+    assert "/blob/dev/notebooks/" in sync.badge("https://github.com/someone/mcp-rl", "01_train_sql_agent", "dev")
+
+
+@pytest.mark.parametrize("repo, ok", [
+    ("", True), ("https://github.com/someone/mcp-rl", True), ("https://github.com/some-one/mcp_rl.git", True),
+    ("https://github.com/someone/mcp-rl/", True), ("git@github.com:someone/mcp-rl.git", False),
+    ("https://gitlab.com/someone/mcp-rl", False), ('https://github.com/a/b"; import os', False),
+    ("http://github.com/someone/mcp-rl", False), ("https://github.com/someone", False),
+])
+def test_only_a_github_https_repository_is_taken(sync, repo, ok):
+    if ok:
+        assert sync.check_repository(repo) == repo.strip()
+    else:
+        with pytest.raises(ValueError, match=r"must be empty or https://github.com/<owner>/<name>"):
+            sync.check_repository(repo)
+
+
+def test_sync_refuses_a_bad_setting_in_one_line(sync, monkeypatch, capsys):
+    monkeypatch.setattr(sync.tomllib, "loads", lambda _: {"tool": {"mcp-rl": {"repository": "git@github.com:x/y"}}})
+    assert sync.main(["--check"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -137,7 +163,7 @@ def test_mcp_rl_names_are_public_api(name):
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_install_cell_is_install_cell_py_and_names_the_colab_pins(name, sync):
     cell = tagged(load(name), "install")
-    assert len(cell) == 1 and cell[0].source == sync.install_source(sync.repository())
+    assert len(cell) == 1 and cell[0].source == sync.install_source(*sync.settings())
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["colab"]
     assert not any(r.startswith("triton") for r in extra)  # a second step: torch 2.7.0 pins triton 3.3.0
     for req in extra:  # the cell's comment names the pinned versions: they must be pyproject's
@@ -186,7 +212,7 @@ def fake_repo(tmp_path: Path) -> Path:
     (repo / "mcp_rl").mkdir(parents=True)
     (repo / "mcp_rl" / "__init__.py").write_text("")
     (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
-    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+    for cmd in (["init", "-q", "-b", "main"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run(["git", *cmd], cwd=repo, check=True)
     return repo
 
