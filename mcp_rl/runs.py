@@ -4,7 +4,7 @@
     trainer = await run.trainer()           # model + LoRA at the recorded step (reused in this process)
     base = await run.evaluate("base", server, test)     # step 0 only; a re-run loads the saved result
     await run.warm_start(server, train)                  # once per run
-    await run.train(server, train, val)                  # from the recorded step to cfg.train.steps
+    await run.train(server, train, val, test)            # from the recorded step to cfg.train.steps
     trained = await run.evaluate("trained", server, test)
     run.report()
 
@@ -154,8 +154,11 @@ class Run:
         pipeline._checkpoint(trainer, self.dir, self.state)
         return rec
 
-    async def train(self, server, train, val=()) -> dict:
-        """GRPO steps from the recorded step to `cfg.train.steps` (nothing to do once there)."""
+    async def train(self, server, train, val=(), test=()) -> dict:
+        """GRPO steps from the recorded step to `cfg.train.steps` (nothing to do once there).
+
+        Every `train.eval_every` steps it evaluates `pipeline.periodic_scenarios(cfg, val, test)`:
+        val, or test where `train.eval_every_split` says so, cut to `train.eval_every_scenarios`."""
         trainer = self._need_trainer()
         if self.state["phase"] == "new":
             raise ValueError("evaluate the base model first (`await run.evaluate('base', ...)`)")
@@ -167,7 +170,8 @@ class Run:
             print(f"train: resuming at step {self.step} of {self.cfg.train.steps}")
         self.state["phase"] = "training"
         with log_tool_calls(self._tool_log):
-            self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, val)
+            periodic = pipeline.periodic_scenarios(self.cfg, val, test)
+            self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, periodic)
         trainer._run_step = self.step
         return self.state
 
@@ -221,7 +225,7 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
                 await r.evaluate("warm_start", server, test)
         elif (r.dir / "eval_warm_start.jsonl").exists():
             r.results["warm_start"] = load_eval(r.dir, "warm_start")
-        await r.train(server, train, pipeline.periodic_scenarios(cfg, val, test))
+        await r.train(server, train, val, test)
         await r.evaluate("trained", server, test)
         r.state["phase"] = "done"
         r._commit()

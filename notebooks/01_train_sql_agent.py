@@ -239,7 +239,7 @@ if await run.warm_start(server.spec, train) and cfg.train.eval_warm_start:
 # goes on from the last completed step.
 
 # %%
-state = await run.train(server.spec, train + generated, val)
+state = await run.train(server.spec, train + generated, val, test)
 
 # %% [markdown]
 # ## 9. Evaluate the trained model and see what changed

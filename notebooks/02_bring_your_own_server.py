@@ -254,7 +254,7 @@ print(f"your reward ({MY_REWARD[0]}):", traj.metrics[f"reward/{MY_REWARD[0]}"], 
 
 # %%
 base = await run.evaluate("base", spec, test)
-state = await run.train(spec, train)
+state = await run.train(spec, train, test=test)  # test: for train.eval_every_split=test
 trained = await run.evaluate("trained", spec, test)
 
 # %%

@@ -150,3 +150,21 @@ def test_config_json_records_no_key_or_token(tmp_path):
     recorded = json.loads(text)
     assert recorded["reward"]["judge_api_key"] == recorded["server_token"] == "<redacted>"
     assert cfg.reward.judge_api_key == "sk-secret-789"  # the run itself still has the key
+
+
+def test_train_evaluates_the_split_the_config_names(tmp_path, monkeypatch):
+    import asyncio
+
+    cfg = apply_overrides(config(tmp_path / "run"), ["train.eval_every=1", "train.eval_every_split=test",
+                                                     "train.eval_every_scenarios=1"])
+    r = open_run(cfg)
+    r._trainer, r.state["phase"] = type("Trainer", (), {})(), "training"
+    seen = {}
+
+    async def loop(trainer, server, train, cfg, out, state, periodic):
+        seen["periodic"] = periodic
+        return state
+
+    monkeypatch.setattr(pipeline, "train_loop", loop)
+    asyncio.run(r.train("server", ["a train scenario"], ["v1", "v2"], ["t1", "t2"]))
+    assert seen["periodic"] == ["t1"]  # the test split, cut to eval_every_scenarios: not the val list given
