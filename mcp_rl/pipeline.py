@@ -272,15 +272,18 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
         step = state["step"]
         batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
         rec = await train_step(trainer, server, batch, cfg, step)
+        state["step"] = step + 1
+        state["history"].append(rec)
+        distributed.check_same(trainer, f"after step {step + 1}")
+        _checkpoint(trainer, run_dir, state)  # the step is committed before its (long) periodic evaluation
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
             split = cfg.train.eval_every_split
             res = await evaluate_policy(trainer.policy, server, val, cfg, f"{split}_step{step + 1}",
                                         run_dir) if distributed.is_main() else None  # the others wait
             rec[f"{split}_success"] = distributed.broadcast_object(res and res.success_rate, f"{split} {step + 1}")
-        state["step"] = step + 1
-        state["history"].append(rec)
-        distributed.check_same(trainer, f"after step {step + 1}")
-        _checkpoint(trainer, run_dir, state)
+            if distributed.is_main():
+                write_json_atomic(run_dir / "state.json", state)
+                write_json_atomic(run_dir / "metrics.jsonl", state["history"])
         _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
              f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "
              f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s"

@@ -85,8 +85,9 @@ class Run:
                 raise ValueError(f"the run has not trained yet but the trainer is at step {trainer.step}: it is not "
                                  f"the base model. Build a fresh trainer, or open_run(cfg, fresh=True)")
         elif ckpt.exists() and not synced:
-            trainer.load(ckpt)
+            record = trainer.load(ckpt) or {}
             print(f"trainer: loaded {ckpt}")
+            self._count_an_unrecorded_update(trainer, int(record.get("step", trainer.step)))
         elif not synced:
             raise ValueError(f"{self.dir} records step {self.step} but {ckpt} is missing; "
                              f"open_run(cfg, fresh=True) starts a new run")
@@ -94,6 +95,23 @@ class Run:
         self._trainer = _LOADED[key] = trainer
         distributed.check_same(trainer, "trainer at the recorded step")
         return trainer
+
+    def _count_an_unrecorded_update(self, trainer, recorded: int) -> None:
+        """ART saves each update itself, inside `trainer.train`; a process stopped after that and before
+        the run recorded the step leaves ART one update ahead. Training that step's batch again would
+        stack a second update on it, so the step counts as done (its metrics are lost)."""
+        ahead = trainer.step - recorded
+        if ahead <= 0:
+            return
+        if ahead > 1:
+            raise ValueError(f"{self.dir}: the trainer is {ahead} updates past the run's record (step {self.step}); "
+                             "only the step in progress can be unrecorded: is it the art_path this run used?")
+        self.state["step"] += 1
+        self.state["history"].append({"step": self.step, "recovered": "update saved by the trainer before the "
+                                      "run recorded the step; its metrics are lost"})
+        pipeline._checkpoint(trainer, self.dir, self.state)
+        print(f"trainer: its checkpoint holds one update the run had not recorded (stopped mid-step): counted "
+              f"as step {self.step}, not trained again")
 
     def _need_trainer(self):
         if self._trainer is None:

@@ -168,3 +168,35 @@ def test_train_evaluates_the_split_the_config_names(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "train_loop", loop)
     asyncio.run(r.train("server", ["a train scenario"], ["v1", "v2"], ["t1", "t2"]))
     assert seen["periodic"] == ["t1"]  # the test split, cut to eval_every_scenarios: not the val list given
+
+
+class _ARTLike:
+    """ART saves each update itself: after a stop mid-step its checkpoints can be one update past the run's record."""
+
+    def __init__(self, actual_step: int):
+        self.step, self.actual = 0, actual_step
+
+    def load(self, path):
+        self.step = self.actual
+        return {"step": 1}  # what the run recorded with its step-0001 checkpoint
+
+    def save(self, path):
+        path.mkdir(parents=True, exist_ok=True)
+
+
+@pytest.mark.parametrize("actual, steps_after", [(1, 1), (2, 2), (3, None)])
+def test_an_update_the_run_did_not_record_is_counted_not_trained_again(tmp_path, actual, steps_after):
+    import asyncio
+
+    r = open_run(config(tmp_path / "run", steps=3))
+    r.state.update(step=1, phase="training", history=[{"step": 1, "reward_mean": 0.1}])
+    (tmp_path / "run" / "checkpoints" / "step-0001").mkdir(parents=True)
+    if steps_after is None:
+        with pytest.raises(ValueError, match="2 updates past the run's record"):
+            asyncio.run(r.trainer(_ARTLike(actual)))
+        return
+    asyncio.run(r.trainer(_ARTLike(actual)))
+    assert r.step == steps_after and len(r.state["history"]) == steps_after
+    if steps_after == 2:
+        assert "recovered" in r.state["history"][-1] and (tmp_path / "run" / "checkpoints" / "step-0002").is_dir()
+        assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 2
