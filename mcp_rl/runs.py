@@ -32,6 +32,29 @@ from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
 _LOADED: dict[str, object] = {}
 
 
+def _make_room(key: str, backend: str) -> None:
+    """Before a second model loads in this process (a new run folder: FRESH_RUN, another DRIVE):
+    forget the other runs' portable trainers so their GPU memory can be freed; refuse a second ART
+    model, whose vLLM engine keeps its share of the GPU for the life of the process."""
+    others = [k for k in _LOADED if k != key]
+    art = [k for k in others if k.endswith("|art")]
+    if backend == "art" and art:
+        raise RuntimeError(f"an ART model (vLLM) is already loaded in this process for {art[0].split('|')[0]}, and "
+                           "one GPU holds one: restart the session (Colab: Runtime > Restart session) and run the cells "
+                           "again, or set FRESH_RUN = False to go on with that run")
+    for k in others:
+        if not k.endswith("|art"):
+            del _LOADED[k]
+    if others:
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def _state(run_dir: Path) -> dict:
     path = run_dir / "state.json"
     if path.exists():
@@ -70,6 +93,7 @@ class Run:
         key = f"{self.dir.resolve()}|{self.cfg.model}|{self.cfg.train.backend}"
         trainer = trainer or self._trainer or _LOADED.get(key)
         if trainer is None:
+            _make_room(key, self.cfg.train.backend)
             if distributed.active():  # the same LoRA init on every rank (check_same below verifies it)
                 import torch
 

@@ -200,3 +200,17 @@ def test_an_update_the_run_did_not_record_is_counted_not_trained_again(tmp_path,
     if steps_after == 2:
         assert "recovered" in r.state["history"][-1] and (tmp_path / "run" / "checkpoints" / "step-0002").is_dir()
         assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 2
+
+
+def test_a_second_art_model_in_one_process_is_refused_before_it_loads(tmp_path, monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr(pipeline, "build_trainer", lambda cfg: pytest.fail("a second vLLM engine was started"))
+    monkeypatch.setitem(_LOADED, f"{tmp_path / 'first'}|Qwen/Qwen2.5-3B-Instruct|art", object())
+    monkeypatch.setitem(_LOADED, f"{tmp_path / 'cpu'}|smollm2|portable", object())
+    cfg = apply_overrides(config(tmp_path / "second"), ["train.backend=art", "train.warm_start_scenarios=0"])
+    with pytest.raises(RuntimeError, match="already loaded in this process for .*first.*Restart session"):
+        asyncio.run(open_run(cfg).trainer())
+    monkeypatch.setattr(pipeline, "build_trainer", lambda cfg: type("T", (), {"step": 0})())
+    asyncio.run(open_run(config(tmp_path / "third")).trainer())  # a portable run: the other portable one is let go
+    assert not any(k.startswith(str(tmp_path / "cpu")) for k in _LOADED) and len(_LOADED) == 2
