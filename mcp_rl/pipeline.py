@@ -69,7 +69,23 @@ async def check_tools(server, cfg: Config) -> None:
         pass
 
 
+STAMP = Path(__file__).resolve().parent.parent / ".colab-installed"  # the notebooks' install cell writes it
+
+
+def check_install(cfg: Config, stamp: Path = STAMP) -> None:
+    """On a machine the notebooks' install cell set up, refuse a config the installed stack cannot train."""
+    stack = stamp.read_text().split()[0] if stamp.is_file() and stamp.read_text().strip() else None
+    if stack == "unsloth" and cfg.train.backend == "art":
+        raise ValueError("this config trains through ART + vLLM, but the light install is here (INSTALL = 'unsloth'): "
+                         "set PRESET = 't4-unsloth', or INSTALL = 'art' after Runtime > Disconnect and delete runtime")
+    if stack == "art" and cfg.train.loader == "unsloth":
+        raise ValueError("this config (train.loader = 'unsloth') needs the light install, but the ART install is here "
+                         "(its older Unsloth): set PRESET = 't4', or INSTALL = 'unsloth' after Runtime > Disconnect "
+                         "and delete runtime")
+
+
 def build_trainer(cfg: Config):
+    check_install(cfg)
     t = cfg.train
     if t.backend == "art":
         from .art_backend import ARTTrainer
@@ -292,4 +308,4 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
 
 
 __all__ = ["load_splits", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios", "train_step",
-           "train_loop", "step_batch", "periodic_scenarios", "build_trainer", "open_server", "rollout_config", "check_tools"]
+           "train_loop", "step_batch", "periodic_scenarios", "check_install", "build_trainer", "open_server", "rollout_config", "check_tools"]

@@ -211,3 +211,19 @@ async def test_train_loop_records_a_held_out_curve(tmp_path, company_db):
     assert [h["test_success"] for h in state["history"]] == [1.0, 1.0]
     assert (tmp_path / "eval_test_step1.jsonl").exists() and (tmp_path / "eval_test_step2.jsonl").exists()
     assert all(h["rollout_seconds"] <= h["seconds"] for h in state["history"])
+
+
+@pytest.mark.parametrize("stamp, name, refused", [
+    (None, "t4", None), (None, "t4-unsloth", None), ("art Tesla T4, 15360 MiB", "t4", None),
+    ("unsloth Tesla T4, 15360 MiB", "t4-unsloth", None), ("unsloth Tesla T4, 15360 MiB", "t4", "PRESET = 't4-unsloth'"),
+    ("art Tesla T4, 15360 MiB", "t4-unsloth", "PRESET = 't4'"),
+])
+def test_a_preset_the_installed_stack_cannot_train_is_refused(tmp_path, stamp, name, refused):
+    path = tmp_path / ".colab-installed"
+    if stamp:
+        path.write_text(stamp + "\n")
+    if refused:
+        with pytest.raises(ValueError, match=refused):
+            pipeline.check_install(preset(name), path)
+    else:
+        pipeline.check_install(preset(name), path)
