@@ -208,7 +208,7 @@ print("expected:", test[0].answer)
 # Greedy decoding on the test split; a scenario counts as solved when the verified answer gets full
 # credit. The same scenarios are evaluated again after training. "base" is always the step-0
 # model: once this run is past it, the cell shows the saved result. On a T4, 60 scenarios take
-# roughly 5-10 minutes (about 50k sampled tokens; estimate, see the top).
+# roughly 15 minutes (about 50k sampled tokens at ~55 tokens/s; estimate, see the top).
 
 # %%
 base = await run.evaluate("base", server.spec, test)
@@ -353,4 +353,4 @@ else:
 # %%
 print(f"{run_dir}: step {run.step} of {cfg.train.steps}, phase {run.state['phase']}, "
       f"evaluated {sorted(run.state['evals'])}")
-server.stop()
+server.stop()  # the company server: run its cell (section 1) again before re-running the cells above

@@ -71,7 +71,8 @@ SEED = 0
 from mcp_rl import get_secret
 
 JUDGE_KEY = get_secret(JUDGE_KEY_SECRET, prompt=True) if JUDGE_KEY_SECRET else None
-GENERATOR_KEY = get_secret(GENERATOR_KEY_SECRET, prompt=True) if GENERATOR_KEY_SECRET else None
+GENERATOR_KEY = (JUDGE_KEY if GENERATOR_KEY_SECRET == JUDGE_KEY_SECRET else  # one prompt for one key
+                 get_secret(GENERATOR_KEY_SECRET, prompt=True) if GENERATOR_KEY_SECRET else None)
 JUDGE_ON = bool(JUDGE_MODEL and (JUDGE_KEY or JUDGE_BASE_URL))
 GENERATOR_ON = bool(GENERATOR_MODEL and LLM_SCENARIOS and (GENERATOR_KEY or not GENERATOR_KEY_SECRET))
 print(f"judge: {JUDGE_MODEL if JUDGE_ON else 'off (no key or endpoint)'} | "

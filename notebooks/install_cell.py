@@ -75,7 +75,7 @@ else:
     import numpy  # keep Colab's numpy, as ART's own T4 notebooks do: a new one needs a restart
 
     pip = ["uv", "pip", "install", "--system"] if shutil.which("uv") else [sys.executable, "-m", "pip", "install"]
-    if INSTALL == "unsloth":  # about a minute: Colab's torch, triton and torchvision stay
+    if INSTALL == "unsloth":  # at most about two minutes: Colab's torch, triton and torchvision stay
         # The unsloth extra (unsloth_zoo 2026.10.9, bitsandbytes, transformers 5.17.0, peft 0.21.0, ...),
         # then Unsloth itself without its dependencies: they name xformers, which would replace torch.
         sh(*pip, "-q", "-e", ".[unsloth]", f"numpy=={numpy.__version__}")
