@@ -305,13 +305,14 @@ class ToolSession:
             with anyio.fail_after(self.call_timeout + 10):
                 result = await self._require().call_tool_mcp(name, arguments, timeout=self.call_timeout)
         except Exception as e:  # noqa: BLE001 - classified below, never re-raised
-            return self._classify(e, name)
+            return _explained(self._classify(e, name), tools[names.index(name)])
         text = result_to_text(result, self.max_result_chars)
         if not result.is_error:
             return ToolResult(text, False, None)
         if _UNKNOWN_TOOL.search(text):
             return ToolResult(f"{text}\nAvailable tools: {', '.join(names)}.", True, "unknown_tool")
-        return ToolResult(text, True, "bad_arguments" if _BAD_ARGS.search(text) else "tool_error")
+        kind = "bad_arguments" if _BAD_ARGS.search(text) else "tool_error"
+        return _explained(ToolResult(text, True, kind), tools[names.index(name)])
 
     def _classify(self, e: BaseException, name: str) -> ToolResult:
         timed_out = isinstance(e, MCPError) and e.code == REQUEST_TIMEOUT
@@ -331,6 +332,35 @@ class ToolSession:
         # Anything else failed on our side of a live connection (e.g. the client rejecting
         # structured output that does not match the tool's own output schema).
         return ToolResult(truncate(f"Error calling {short(name)}: {e}", self.max_result_chars), True, "tool_error")
+
+
+_PYDANTIC_LINK = re.compile(r"\n[ \t]*For further information visit https://errors\.pydantic\.dev\S*")
+
+
+def signature(tool: Any) -> str:
+    """What `tool` takes, in one line, from its input schema.
+
+    >>> from types import SimpleNamespace as T
+    >>> signature(T(name="describe_table", input_schema={"properties": {"table_name": {"type": "string"}},
+    ...                                                  "required": ["table_name"]}))
+    'describe_table takes: table_name (string, required).'
+    >>> signature(T(name="list_tables", input_schema={"properties": {}}))
+    'list_tables takes no arguments: send {}.'
+    """
+    schema = field_of(tool, "input_schema", "inputSchema") or {}
+    props, required = schema.get("properties") or {}, set(schema.get("required") or [])
+    if not props:
+        return f"{tool.name} takes no arguments: send {{}}."
+    parts = [f"{k} ({v.get('type', 'any') if isinstance(v, dict) else 'any'}{', required' * (k in required)})"
+             for k, v in props.items()]
+    return f"{tool.name} takes: {', '.join(parts)}."
+
+
+def _explained(result: ToolResult, tool: Any) -> ToolResult:
+    """A bad-arguments result without pydantic's documentation links, ending with what the tool takes."""
+    if result.kind != "bad_arguments":
+        return result
+    return ToolResult(f"{_PYDANTIC_LINK.sub('', result.text)}\n{signature(tool)}", True, "bad_arguments")
 
 
 def _transport_gone(e: BaseException) -> bool:

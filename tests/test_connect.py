@@ -311,6 +311,14 @@ async def test_call_classifies_outcomes(name, arguments, kind, text):
     assert text in result.text
 
 
+@pytest.mark.parametrize("arguments", [{"a": "two", "b": 3}, {"a": 1}, {"a": 1, "b": 2, "c": 3}])
+async def test_bad_arguments_end_with_what_the_tool_takes_without_pydantic_links(arguments):
+    async with ToolSession(tiny_memory_server()) as s:
+        result = await s.call("add", arguments)
+    assert result.kind == "bad_arguments" and "errors.pydantic.dev" not in result.text
+    assert result.text.endswith("add takes: a (integer, required), b (integer, required).")
+
+
 async def test_call_timeout_leaves_session_usable():
     async with ToolSession(tiny_memory_server(), call_timeout=0.3) as s:
         start = time.monotonic()
