@@ -224,7 +224,8 @@ def _compare(before_rows: list[dict], after_rows: list[dict], before: str, after
     e = html.escape
     lines = [f"## What changed: {_NUMBERS.get(len(chosen), len(chosen))} held-out scenario{'s' * (len(chosen) > 1)}", "",
              f"{e(before)} → {e(after)}: {up} of {len(common)} scenarios went failed → solved, {down} solved → failed. "
-             "Shown first: scenarios whose outcome changed (first rollout of each, as in success@1)."]
+             + ("Shown first: scenarios whose outcome changed (first rollout of each, as in success@1)." if up + down
+                else "No outcome changed; shown: the first rollout of each (as in success@1).")]
     for i, sid in enumerate(chosen, 1):
         x, y = a[sid], b[sid]
         task = " ".join(str(x.get("task") or y.get("task") or "(task not saved)").split())

@@ -128,6 +128,13 @@ def test_compare_shows_task_expected_verdicts_and_both_transcripts(tmp_path):
     assert md.count("<pre>[user] How many staff?</pre>") == 2 and "<th>base</th><th>trained</th>" in md
 
 
+@pytest.mark.parametrize("before, after, says", [([0], [1], "Shown first: scenarios whose outcome changed"),
+                                                 ([0], [0], "No outcome changed")])
+def test_compare_says_whether_any_outcome_changed(tmp_path, before, after, says):
+    save_two(tmp_path, before, after)
+    assert says in compare_transcripts(tmp_path)
+
+
 def test_compare_escapes_html_in_every_field(tmp_path):
     nasty = '<tool_call>{"q": "a < b & c > d"}</tool_call>'
     save_two(tmp_path, [0], [1], task=nasty, expected=nasty, answer=nasty, transcript=nasty, scenario_id="<s>")
