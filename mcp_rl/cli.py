@@ -188,6 +188,8 @@ def cmd_demo(a) -> int:
     base, trained = res["base"], res["trained"]
     print(f"\ndemo done in {(time.monotonic() - t0) / 60:.1f} min | verified success on {base.n} held-out scenarios: "
           f"base {base.success_rate:.1%} -> trained {trained.success_rate:.1%} | report {res['report']}")
+    print(f"next: python -m mcp_rl serve --adapter {out} --port 8000         # the trained agent as an OpenAI endpoint\n"
+          f"      python -m mcp_rl export --run {out} --merged {out}/merged --ollama {out}/ollama   # GGUF + Modelfile")
     return 0
 
 
