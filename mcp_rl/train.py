@@ -100,8 +100,12 @@ class PortableTrainer(WarmStart, Checkpoints):
         # checkpointing a train-mode forward drops the KV cache, which breaks the decode loop.
         model.eval()
         self.model = model
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if gradient_checkpointing:  # transformers 5.2x renamed it, and warns at the old name
+            base = model.get_base_model()
+            if hasattr(base, "activation_checkpointing_enable"):
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(precision, self.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
