@@ -155,12 +155,13 @@ class PortableTrainer(WarmStart, Checkpoints):
         if self._split is not None:
             backbone, head = self._split
             with self._autocast():
-                hidden = backbone(input_ids=ids[:, :-1], attention_mask=attn[:, :-1]).last_hidden_state[:, -keep:]
+                hidden = backbone(input_ids=ids[:, :-1], attention_mask=attn[:, :-1],
+                                  use_cache=False).last_hidden_state[:, -keep:]  # no KV cache to train
             new = _chunked_logprobs(head, hidden, targets, self._autocast)
             return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)
         kwargs = {"logits_to_keep": keep} if self._keep_logits else {}
         with self._autocast():
-            logits = self.model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], **kwargs).logits
+            logits = self.model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], use_cache=False, **kwargs).logits
         logits = logits[:, -keep:].float()
         new = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
         return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)
