@@ -66,6 +66,12 @@ class LocalPolicy:
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_batch: int = 8,
                  batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
                  cuda_graph: bool = True, batch_gap_s: float | None = None, hand_back: bool = True):
+        import transformers
+
+        if int(transformers.__version__.split(".")[0]) < 5:  # StaticCache, attention interface: 5.x APIs
+            raise RuntimeError(f"LocalPolicy's decode loop needs transformers 5, this machine has "
+                               f"{transformers.__version__} (the ART + vLLM install pins 4.53.2): sample through "
+                               "ART's vLLM there (train.backend=art), or use the light install (INSTALL = 'unsloth')")
         self.model, self.tokenizer, self.name = model, tokenizer, name
         # None: a batch waits `batch_wait_s` after its first request. A gap: it closes as soon as no new
         # request came for `batch_gap_s` (still at most `batch_wait_s`), so a wave of rollouts returning

@@ -54,6 +54,14 @@ def test_install_leaves_a_fitting_template_alone(tok):
     assert install_tool_template(tok) is False
 
 
+def test_transformers_4_is_refused_in_one_line(tok, monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "4.53.2")  # the ART + vLLM Colab install's
+    with pytest.raises(RuntimeError, match=r"needs transformers 5, this machine has 4\.53\.2"):
+        LocalPolicy(object(), tok)
+
+
 def test_art_tokenizer_returns_ids(tok):
     ids = art_tokenizer(tok).apply_chat_template([{"role": "user", "content": "hi"}])
     assert isinstance(ids, list) and all(isinstance(i, int) for i in ids) and art_tokenizer(tok).vocab_size == tok.vocab_size
