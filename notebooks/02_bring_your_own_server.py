@@ -154,8 +154,9 @@ print(await tools_table(notes, ToolPolicy(allow=["read_notes"])))
 
 # %%
 import random
+from pathlib import Path
 
-from mcp_rl import Scenario, llm_scenarios
+from mcp_rl import Scenario, llm_scenarios, load_scenarios
 
 OFFSETS = {"Etc/UTC": 0, "Asia/Tokyo": 540, "Asia/Kolkata": 330, "Asia/Shanghai": 480, "Asia/Dubai": 240,
            "Asia/Singapore": 480, "Africa/Nairobi": 180, "America/Bogota": -300, "Asia/Kathmandu": 345,
@@ -173,13 +174,14 @@ def conversion(rng, split, i) -> Scenario:
 rng = random.Random(SEED)
 train = [conversion(rng, "train", i) for i in range(TRAIN_SCENARIOS)]
 test = [conversion(rng, "test", i) for i in range(EVAL_SCENARIOS)]
+llm_file = Path(f"{OUT.rstrip('/')}-llm-tasks.jsonl")  # beside the run folder: a re-run reuses, never re-buys
 if GENERATOR_ON:
     try:
-        train += await llm_scenarios(ctx, LLM_SCENARIOS, generator_model=GENERATOR_MODEL, seed=SEED,
-                                     base_url=GENERATOR_BASE_URL, api_key=GENERATOR_KEY)
-    except (RuntimeError, ValueError) as e:
-        train += getattr(e, "scenarios", [])
+        await llm_scenarios(ctx, LLM_SCENARIOS, generator_model=GENERATOR_MODEL, seed=SEED, out_path=llm_file,
+                            base_url=GENERATOR_BASE_URL, api_key=GENERATOR_KEY)
+    except (RuntimeError, ValueError) as e:  # what was accepted is in the file
         print("LLM task writing stopped:", str(e)[:300])
+train += load_scenarios(llm_file) if GENERATOR_ON and llm_file.exists() else []
 print(f"{len(train)} training tasks ({sum(s.answer is None for s in train)} without an answer), {len(test)} held out"
       + ("  [a smoke run: under 30 held-out tasks, the comparison is noise]" if len(test) < 30 else ""))
 for s in train[:2] + test[:2]:
