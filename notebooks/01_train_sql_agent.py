@@ -235,8 +235,9 @@ if await run.warm_start(server.spec, train) and cfg.train.eval_warm_start:
 # `step 3/20 | reward 0.412 | success 35% | trained 3 groups, skipped 1 | loss 0.0021 | 140 s`;
 # reward and success are noisy from step to step and should drift up over tens of steps.
 # On a T4 a step of 4 x 6 rollouts (about 15k sampled tokens, 70k trained) takes roughly 4-7
-# minutes, so 20 steps 1.5-2.5 hours (estimate, see the top). Interrupted? Run the cell again: it
-# goes on from the last completed step.
+# minutes, so 20 steps 1.5-2.5 hours, plus a 16-scenario validation check every 5 steps (about 4
+# minutes each; estimates, see the top). Interrupted? Run the cell again: it goes on from the last
+# completed step.
 
 # %%
 state = await run.train(server.spec, train + generated, val, test)
