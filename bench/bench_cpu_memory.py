@@ -1,9 +1,8 @@
 """Benchmark: peak memory and time of one GRPO update of the CPU demo (`make demo`), by trainer setting.
 
 The demo (`cpu` preset: SmolLM2-135M-Instruct, micro batch 2, bf16 autocast on the CPU, sequences up
-to 2048 tokens) peaked at 13.9 GiB resident on a 2-core machine: a laptop with 8 or 16 GB would swap
-or be killed. This bench runs the same update (`PortableTrainer.train_step`, the embedded SmolLM2
-weights, 2 groups x 4 real ART trajectories of --seq-len tokens, a third prompt; bench_trainer's
+to 2048 tokens) peaked at 13.9 GiB resident on a 2-core machine: more than a 16 GB laptop has free.
+This bench runs the same update (`PortableTrainer.train_step`, the embedded SmolLM2 weights, 2 groups x 4 real ART trajectories of --seq-len tokens, a third prompt; bench_trainer's
 `groups_for`) once per setting, each in its own process so that its peak resident memory
 (`ru_maxrss`) is its own, one warm-up step then --steps timed ones, and prints a table:
 
