@@ -3,8 +3,8 @@
 The demo (`cpu` preset: SmolLM2-135M-Instruct, micro batch 2, bf16 autocast on the CPU, sequences up
 to 2048 tokens) peaked at 13.9 GiB resident on a 2-core machine: more than a 16 GB laptop has free.
 This bench runs the same update (`PortableTrainer.train_step`, the embedded SmolLM2 weights, 2 groups
-x 4 real ART trajectories of --seq-len tokens, a third prompt; bench_trainer's `groups_for`) once per setting, each in its own process so that its peak resident memory
-(`ru_maxrss`) is its own, one warm-up step then --steps timed ones, and prints a table:
+x 4 real ART trajectories of --seq-len tokens, a third prompt; bench_trainer's `groups_for`) once per
+setting, each in its own process so that its peak resident memory (`ru_maxrss`) is its own, one warm-up step then --steps timed ones, and prints a table:
 
     .venv/bin/python bench/bench_cpu_memory.py --out bench/results/cpu_memory.txt
     .venv/bin/python bench/bench_cpu_memory.py --modes preset,checkpointing --seq-len 1024 --steps 1
