@@ -27,7 +27,8 @@
 # - `"unsloth"` (with `PRESET = "t4-unsloth"`): the light install. Unsloth inside our portable
 #   trainer, on Colab's own torch: no vLLM, no torch reinstall, the same Dr. GRPO loss. On an H200
 #   held to a T4's float16 and 15 GiB its update ran 1.4x faster than peft + bitsandbytes, but its
-#   sampler gave about half the tokens/s of the portable trainer's own (`bench/RESULTS.md`). Pick
+#   sampler gave about half the tokens/s of the portable trainer's own, and in two SmolLM2 learning
+#   runs its GRPO steps took 1.5-2.1x as long, so 15 minutes trained less (`bench/RESULTS.md`). Pick
 #   it for short runs, quick experiments, or when the ART stack does not install.
 
 # %% tags=["install"]
