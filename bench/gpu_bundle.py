@@ -185,7 +185,10 @@ def main() -> None:
 
     for name in ("common", *names, "bnb", "g1", "g2", "g3", "g4", "unsloth"):
         if (OUT / name).exists():
-            print(f"{name:7s} {mib(OUT / name):6.1f} MiB")
+            size = mib(OUT / name) + (mib(OUT / "p1") if name == "common" else 0)
+            over = "  TOO LARGE: over 64 MiB with the working tree" if size * 2**20 > LIMIT else ""
+            print(f"{name:7s} {mib(OUT / name):6.1f} MiB{over}")
+    print(f"working tree {_TREE / 2**20:.1f} MiB (travels with every call)")
 
 
 if __name__ == "__main__":

@@ -239,20 +239,35 @@ def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dic
 
 
 RESULT_FILES = ("proof.json", "proof.md", "metrics.jsonl", "state.json", "config.json", "report.md", "summary.json",
-                "eval_*.jsonl", "timings-call*.json", "*.png")
+                "timings-call*.json", "*.png")
+
+
+def _gzip(src: Path, dest: Path) -> None:
+    """`dest` (name + .gz), byte-identical for the same input (no name or time in the header)."""
+    import gzip
+
+    with open(dest.with_name(dest.name + ".gz"), "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
+                                                                            filename="") as gz:
+        gz.write(src.read_bytes())
 
 
 def copy_results(run_dir: Path, dest: Path) -> Path:
-    """The run's results without checkpoints or the tool-call log: what bench/results/learning/<run>/ holds."""
+    """The run's results without checkpoints or the tool-call log: what bench/results/learning/<run>/ holds.
+
+    The per-scenario rows (eval_*.jsonl, the held-out scenarios: full transcripts, ~0.4 MB a policy)
+    go gzipped (~10x smaller): every committed byte also travels in each GPU call's 64 MiB
+    (`zcat eval_trained.jsonl.gz` reads one)."""
     import shutil
 
     dest.mkdir(parents=True, exist_ok=True)
     for pattern in RESULT_FILES:
         for f in run_dir.glob(pattern):
             shutil.copy2(f, dest / f.name)
+    for f in run_dir.glob("eval_*.jsonl"):
+        _gzip(f, dest / f.name)
     derived = run_dir.with_name(run_dir.name + ".scenarios.jsonl")
     if derived.exists():
-        shutil.copy2(derived, dest / "heldout.scenarios.jsonl")
+        _gzip(derived, dest / "heldout.scenarios.jsonl")
     print(f"results: {dest}", flush=True)
     return dest
 

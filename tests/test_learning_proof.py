@@ -7,6 +7,7 @@ the real weights: it learns nothing, it exercises the runner, the pause at a dea
 the step checkpoint and the results folder. The company server runs over HTTP as in the GPU runs.
 """
 
+import gzip
 import json
 import os
 import subprocess
@@ -56,6 +57,8 @@ def test_two_runs_side_by_side_pause_at_the_deadline_and_resume_to_the_end(tmp_p
         assert proof["steps"] == 6 and {"base", "warm_start"} <= set(proof["comparisons"])
         assert json.loads((results / "config.json").read_text())["train"]["seed"] == seed
         assert len(list(results.glob("timings-call*.json"))) == 2 and not (results / "checkpoints").exists()
+        trained = gzip.decompress((results / "eval_trained.jsonl.gz").read_bytes()).decode().splitlines()
+        assert [json.loads(x)["scenario_id"] for x in trained] and not list(results.glob("eval_*.jsonl"))
         steps = [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines() if "reward_mean" in x]
         assert [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]  # resumed, no step repeated
     assert (tmp_path / "out" / "learning.tgz").exists()
