@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer", "art_tokenizing"]
+__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer", "art_tokenizing", "prompt_ids"]
 
 # Hermes / Qwen2.5-style ChatML with tools, for tokenizers whose template ignores
 # `tools=` (SmolLM2's). Written here because the model ships none; differences from
@@ -150,3 +150,50 @@ def art_tokenizing() -> Iterator[None]:
     except (AssertionError, IndexError, KeyError, ValueError, AttributeError) as e:
         raise ValueError(f"ART could not tokenize a trajectory ({type(e).__name__}: {e}); assistant turns must be "
                          "Choices whose logprobs.content tokens read 'token_id:<id>'") from e
+
+
+def _sentinel(tokenizer: Any) -> int | None:
+    """An added token that the chat template never writes and that encodes to itself, or None."""
+    if "_mcp_rl_sentinel" not in tokenizer.__dict__:
+        template, skip = tokenizer.chat_template or "", {tokenizer.bos_token_id, tokenizer.eos_token_id,
+                                                          tokenizer.pad_token_id}
+        tokenizer._mcp_rl_sentinel = next(
+            (i for i, tok in sorted(tokenizer.added_tokens_decoder.items(), reverse=True)
+             if i not in skip and tok.content not in template
+             and tokenizer.encode(tok.content, add_special_tokens=False) == [i]), None)
+    return tokenizer._mcp_rl_sentinel
+
+
+def prompt_ids(tokenizer: Any, messages: list, tools: list[dict] | None) -> list[int]:
+    """The generation prompt, with each earlier sampled turn (a Choice) as the very ids sampled.
+
+    ART trains on the sampled ids of every turn. Re-encoding a turn's text can give other ids (a
+    model may draw `'` and `"` as two tokens where the tokenizer writes `'"` as one), so a prompt
+    rendered from text would put later turns in another context than the one they are trained in:
+    an off-policy gap of up to several nats on the tokens after it (bench/RESULTS.md section 10).
+    The same sentinel trick as ART's `tokenize_trajectory`: render each sampled turn as one marker
+    token, then put the turn's ids where the marker is. Plain dicts render as before.
+    """
+    from art.trajectories import get_messages
+
+    def render(msgs: list) -> list[int]:
+        return list(tokenizer.apply_chat_template(msgs, tools=tools or None, add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+
+    sampled = [m for m in messages if not isinstance(m, dict) and m.logprobs and m.logprobs.content]
+    mark = _sentinel(tokenizer) if sampled else None
+    if mark is None:
+        return render(get_messages(messages))
+    ids_of = {id(m) for m in sampled}
+    marked = [{"role": "assistant", "content": tokenizer.decode([mark])} if id(m) in ids_of
+              else get_messages([m])[0] for m in messages]
+    ids = render(marked)
+    if ids.count(mark) != len(sampled):  # a tool result that spells the marker: render from text
+        return render(get_messages(messages))
+    out, turns = [], iter(sampled)
+    for t in ids:
+        if t == mark:
+            out.extend(int(lp.token.split(":")[1]) for lp in next(turns).logprobs.content)
+        else:
+            out.append(t)
+    return out

@@ -18,7 +18,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chat_templates import HERMES_TEMPLATE, art_tokenizer, install_tool_template
+from .chat_templates import HERMES_TEMPLATE, art_tokenizer, install_tool_template, prompt_ids
 from .decoder import _Decoder, stop_string_end
 from .models import SMOLLM2, load_local_model, load_local_tokenizer
 from .policy import ContextOverflow, PolicyError, choice_from_text
@@ -62,6 +62,8 @@ class LocalPolicy:
     prose), and the forced tokens are part of the choice, with the model's own
     logprobs for them, so the trainer trains on them like sampled tokens.
     """
+
+    token_in = True  # rollouts pass earlier turns as Choices: the next prompt holds their sampled ids
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_batch: int = 8,
                  batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
@@ -109,9 +111,8 @@ class LocalPolicy:
             raise ValueError("the tokenizer has no end-of-turn token; set tokenizer.eos_token")
         return ids
 
-    async def complete(self, messages: list[dict], tools: list[dict], *, max_tokens: int, temperature: float) -> Any:
-        prompt = self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False)
+    async def complete(self, messages: list, tools: list[dict], *, max_tokens: int, temperature: float) -> Any:
+        prompt = prompt_ids(self.tokenizer, messages, tools)  # earlier sampled turns (Choices) as their ids
         forced = self._prefix_ids if self.tool_prefix else []
         room = self.max_context - len(prompt) - len(forced)
         if room <= 0:

@@ -151,9 +151,9 @@ async def _loop(policy, session: ToolSession, traj: art.Trajectory, cfg: Rollout
     m = traj.metrics
     for _ in range(cfg.max_turns):
         try:
-            choice = await policy.complete(
-                traj.messages(), traj.tools, max_tokens=cfg.max_tokens, temperature=cfg.temperature
-            )
+            # A token-in policy (LocalPolicy) gets earlier turns as the Choices sampled, others as messages.
+            history = list(traj.messages_and_choices) if getattr(policy, "token_in", False) else traj.messages()
+            choice = await policy.complete(history, traj.tools, max_tokens=cfg.max_tokens, temperature=cfg.temperature)
         except ContextOverflow as e:
             return _fatal(traj, f"context overflow: {e}")
         except PolicyError as e:

@@ -153,3 +153,44 @@ async def test_gemma_choices_pass_art_tokenization(gemma_tok):
                                                           for t in c.logprobs.content]
         assert [result.token_ids[i + 1] for i in masked if i + 1 not in masked] == [end, end]
         assert result.token_ids[:masked[-len(choices[-1].logprobs.content)]] == prompt
+
+
+# ---------------------------------------------------------------- token-in prompts
+
+
+def _split_first_long_token(tok, text):
+    """`text`'s ids with its first multi-character token drawn as one token per character instead."""
+    ids = tok.encode(text, add_special_tokens=False)
+    at = next(i for i, t in enumerate(ids) if len(tok.decode([t])) > 1 and tok.decode([t]).isalpha())
+    pieces = [tok.encode(c, add_special_tokens=False)[0] for c in tok.decode([ids[at]])]
+    split = ids[:at] + pieces + ids[at + 1:]
+    assert tok.decode(split) == text and split != ids
+    return split
+
+
+@pytest.mark.parametrize("name", ["smollm2", pytest.param(GEMMA3_270M, marks=needs_gemma)])
+def test_the_next_prompt_holds_the_ids_sampled_not_the_text_re_encoded(name):
+    """A turn drawn in a non-canonical split: the next prompt keeps the split, which is the context
+    ART trains the next turn in; rendering the text re-encodes it (the off-policy gap it fixes)."""
+    from art.preprocessing.tokenize import tokenize_trajectory
+    from art.trajectories import get_messages
+
+    from mcp_rl.chat_templates import prompt_ids
+    from mcp_rl.policy import choice_from_text
+
+    tok = load_local_tokenizer() if name == "smollm2" else load_local_tokenizer(GEMMA3_270M)
+    first_ids = _split_first_long_token(tok, RAW_CALL)
+    first = choice_from_text(RAW_CALL, tokenizer=tok, token_ids=first_ids, logprobs=[-0.5] * len(first_ids))
+    history = [{"role": "user", "content": "How many tables?"}, first,
+               {"role": "tool", "tool_call_id": "call_0", "content": "departments, employees, projects"}]
+    prompt = prompt_ids(tok, history, TOOLS)
+    from_text = tok.apply_chat_template(get_messages(history), tools=TOOLS, add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    assert prompt != list(from_text) and len(prompt) == len(from_text) + len(first_ids) - len(
+        tok.encode(RAW_CALL, add_special_tokens=False))
+    second_ids = tok.encode("3 tables.", add_special_tokens=False)
+    second = choice_from_text("3 tables.", tokenizer=tok, token_ids=second_ids, logprobs=[-0.5] * len(second_ids))
+    trained = tokenize_trajectory(art_tokenizer(tok), art.Trajectory(
+        messages_and_choices=[*history, second], tools=TOOLS, reward=1.0), 1.0, False)
+    assert trained.token_ids[:len(prompt)] == prompt and trained.token_ids[len(prompt):][:len(second_ids)] == second_ids
+    assert prompt_ids(tok, get_messages(history), TOOLS) == list(from_text)  # plain messages: as before
