@@ -3,9 +3,9 @@
     tokenizer = load_local_tokenizer()     # installs HERMES_TEMPLATE where the model's own ignores tools
     install_tool_template(tokenizer)       # the same, for a tokenizer you loaded yourself
 
-The policy (local_policy.py) renders prompts with `tokenizer.apply_chat_template`, and ART's
-`tokenize_trajectory_groups` renders the same conversations again for training, so the template is
-installed on the tokenizer itself: both see the same tokens.
+The policy (local_policy.py) renders prompts with `prompt_ids` (the template, with earlier sampled
+turns as the ids sampled), and ART's `tokenize_trajectory_groups` renders the same conversations again
+for training, so the template is installed on the tokenizer itself: both see the same tokens.
 """
 
 from __future__ import annotations
