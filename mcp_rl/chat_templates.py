@@ -172,7 +172,8 @@ def prompt_ids(tokenizer: Any, messages: list, tools: list[dict] | None) -> list
     rendered from text would put later turns in another context than the one they are trained in:
     an off-policy gap of up to several nats on the tokens after it (bench/RESULTS.md section 10).
     The same sentinel trick as ART's `tokenize_trajectory`: render each sampled turn as one marker
-    token, then put the turn's ids where the marker is. Plain dicts render as before.
+    token, then put the turn's ids where the marker is. Plain dicts render as before. Not ART's function
+    itself: it renders no generation prompt and searches the whole vocabulary for a marker on every call.
     """
     from art.trajectories import get_messages
 
