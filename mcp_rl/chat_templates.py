@@ -127,8 +127,13 @@ class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokeniz
     """`tokenizer` as ART 0.4.11's `tokenize_trajectory_groups` expects it.
 
     ART reads `apply_chat_template(...)` as a list of ids; transformers 5 returns a
-    BatchEncoding by default. This view flips that default and passes everything
-    else through.
+    BatchEncoding by default. This view flips that default, and narrows `vocab_size` so
+    that ART's marker (the highest id below `vocab_size` that a trajectory lacks) is our
+    `_sentinel`: an added token that encodes to itself wherever the template puts it. ART's
+    own pick, the vocabulary's last id, can be an ordinary token that re-encodes as other
+    ids when rendered, and then ART cannot find it ("262142 is not in list": Gemma 3's
+    `<unused6240>` in the tokenizer transformers 5.17 converts, models.py). Everything
+    else passes through.
     """
 
     def __init__(self, tokenizer: Any):
@@ -137,6 +142,11 @@ class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokeniz
     def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("return_dict", False)
         return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        mark = _sentinel(self.tokenizer)
+        return self.tokenizer.vocab_size if mark is None else mark + 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.tokenizer, name)

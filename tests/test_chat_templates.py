@@ -194,3 +194,40 @@ def test_the_next_prompt_holds_the_ids_sampled_not_the_text_re_encoded(name):
         messages_and_choices=[*history, second], tools=TOOLS, reward=1.0), 1.0, False)
     assert trained.token_ids[:len(prompt)] == prompt and trained.token_ids[len(prompt):][:len(second_ids)] == second_ids
     assert prompt_ids(tok, get_messages(history), TOOLS) == list(from_text)  # plain messages: as before
+
+
+def test_art_marks_turns_with_a_token_that_survives_rendering():
+    """ART marks each assistant turn with the highest id below `vocab_size` that the trajectory lacks. A
+    vocabulary whose last id is an ordinary token that re-encodes as other ids (Gemma 3's `<unused6240>`
+    under transformers 5.17) made ART fail with "262142 is not in list". The view hands ART our sentinel,
+    an added token, whatever the vocabulary's last id is."""
+    from art.preprocessing.tokenize import tokenize_trajectory
+
+    from mcp_rl.policy import choice_from_text
+
+    tok = load_local_tokenizer()
+    last = next(i for i in range(tok.vocab_size - 1, 0, -1)
+                if tok.encode(tok.decode([i]), add_special_tokens=False) != [i])
+
+    class EndsBadly(art_tokenizer):  # what the raw tokenizer would hand ART: a last id that does not survive
+        vocab_size = last + 1
+
+    ids = tok.encode(RAW_CALL, add_special_tokens=False)
+    traj = art.Trajectory(messages_and_choices=[{"role": "user", "content": "How many tables?"}, choice_from_text(
+        RAW_CALL, tokenizer=tok, token_ids=ids, logprobs=[-0.5] * len(ids))], tools=TOOLS, reward=1.0)
+    with pytest.raises(ValueError, match="is not in list"):
+        tokenize_trajectory(EndsBadly(tok), traj, 1.0, False)
+    view = art_tokenizer(_LastIdIs(tok, last))
+    assert view.vocab_size - 1 in tok.added_tokens_decoder
+    trained = tokenize_trajectory(view, traj, 1.0, False)
+    assert [t for t, m in zip(trained.token_ids, trained.assistant_mask) if m] == ids
+
+
+class _LastIdIs:
+    """`tokenizer` with its base vocabulary ending at `last`."""
+
+    def __init__(self, tokenizer, last):
+        self._tok, self.vocab_size = tokenizer, last + 1
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)

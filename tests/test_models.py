@@ -52,6 +52,45 @@ def test_gemma_loads_as_gemma3_from_its_safetensors_cache(gemma):
     assert tok.decode([nxt]).strip() == "Paris"  # real weights, not noise
 
 
+@pytest.mark.parametrize("name", [SMOLLM2, pytest.param(GEMMA3_270M, marks=[needs_gemma, pytest.mark.slow])])
+@pytest.mark.timeout(600)
+def test_the_cached_tokenizer_encodes_like_the_ggufs(name):
+    """The cache's tokenizer, not just its weights, must match the GGUF. Under transformers 5.17 Gemma's
+    reloaded the wrong way split `<start_of_turn>` into 15 ids, and every chat turn with it."""
+    from transformers import AutoTokenizer
+
+    from mcp_rl.models import _gguf_dir, load_local_tokenizer
+
+    load_local_model(name)  # builds the cache once
+    cached = load_local_tokenizer(name)
+    source = AutoTokenizer.from_pretrained(_gguf_dir(name), gguf_file=EMBEDDED[name].gguf_file)
+    text = ("<bos><start_of_turn>user\nHow many rows , 'x'\" can't ?<end_of_turn>\n<|im_start|>assistant\n"
+            '<tool_call>\n{"name": "run_query"}\n</tool_call><|im_end|>  \n\n <unused6240>')
+    ids = source.encode(text, add_special_tokens=False)
+    assert cached.encode(text, add_special_tokens=False) == ids and cached.decode(ids) == source.decode(ids)
+    assert len(cached) == len(source)
+    for special in ("<bos>", "<start_of_turn>", "<end_of_turn>") if name == GEMMA3_270M else ("<|im_start|>", "<|im_end|>"):
+        assert cached.encode(special, add_special_tokens=False) == source.encode(special, add_special_tokens=False)
+        assert len(cached.encode(special, add_special_tokens=False)) == 1, special
+
+
+@pytest.mark.timeout(600)
+def test_a_wrongly_converted_tokenizer_is_refused_and_not_cached(tmp_path, monkeypatch):
+    """transformers 5.17.0 converts Gemma 3's GGUF tokenizer into one that splits words into pieces the
+    model never saw. Here a probe that SmolLM2's right tokenizer misses stands in for that conversion."""
+    from dataclasses import replace
+
+    import mcp_rl.models as models
+
+    monkeypatch.setenv("MCP_RL_CACHE", str(tmp_path))
+    text, ids = EMBEDDED[SMOLLM2].probe
+    monkeypatch.setitem(models.EMBEDDED, SMOLLM2, replace(EMBEDDED[SMOLLM2], probe=(text, ids[:-1])))
+    with pytest.raises(RuntimeError, match=r"converts smollm2's GGUF tokenizer wrongly: 'The capital of France is"
+                                           r" the city of' gives 8 ids, not the GGUF's 7"):
+        load_local_model(SMOLLM2)
+    assert (tmp_path / SMOLLM2 / "model.safetensors").exists() and not (tmp_path / SMOLLM2 / "tokenizer.json").exists()
+
+
 @needs_gemma
 @pytest.mark.slow
 @pytest.mark.timeout(600)
