@@ -18,7 +18,9 @@ LoRA, torch for AdamW, autocast, dynamic loss scaling (GradScaler) and gradient 
 Precision: "auto" is bf16 autocast on GPUs that have it, float16 autocast with dynamic
 loss scaling on those that do not (a T4), fp32 on a CPU. LoRA weights stay float32 (peft's
 default), so the scaler can unscale their gradients; a step whose gradients overflow is
-skipped by the scaler and counted in `skipped_steps`.
+skipped by the scaler and counted in `skipped_steps`. So is a bf16 or fp32 step whose gradient
+norm is not finite: applying it would turn the LoRA weights into NaN and every later sample with
+them (seen with Gemma 3 270M in bf16 on the H200, bench/RESULTS.md section 12).
 """
 
 from __future__ import annotations
@@ -195,10 +197,17 @@ class PortableTrainer(WarmStart, Checkpoints):
             log.warning("skipped %d of %d sequences longer than max_seq_len=%d", too_long, len(seqs), self.max_seq_len)
         return kept, too_long
 
-    def _update(self, optimizer: torch.optim.Optimizer) -> float:
+    def _grads_finite(self) -> bool:
+        return all(bool(torch.isfinite(p.grad).all()) for p in self.params if p.grad is not None)
+
+    def _update(self, optimizer: torch.optim.Optimizer, where: str = "") -> float:
         if self.scaler is None:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-            optimizer.step()
+            if torch.isfinite(grad_norm):
+                optimizer.step()
+            else:  # weights and AdamW state stay as they were
+                self.skipped_steps += 1
+                log.warning("gradient norm is %s: update skipped, weights unchanged%s", float(grad_norm), where)
         else:  # unscale first so clipping sees true gradients; the scaler skips a step with inf/NaN
             self.scaler.unscale_(optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -246,11 +255,17 @@ class PortableTrainer(WarmStart, Checkpoints):
                 try:
                     # Under torch.distributed every rank holds the whole step (mcp_rl/distributed.py):
                     # each backpropagates its share, normalised by the whole step's `constant`.
-                    for batch in self._micro_batches(distributed.shard(self._by_length(seqs))):
+                    where = ""  # the first micro-batch whose gradient was not finite, for the warning
+                    batches = self._micro_batches(distributed.shard(self._by_length(seqs)))
+                    for k, batch in enumerate(batches):
                         new, old, mask = self._logprobs(batch)
                         adv = torch.tensor([s["adv"] for s in batch], device=self.device)
                         loss = grpo_loss(new, old, adv, mask, kind=self.loss, epsilon=self.epsilon, constant=constant)
                         self._backward(loss)
+                        if self.scaler is None and not where and not self._grads_finite():
+                            lengths = [len(s["ids"]) for s in batch]
+                            where = (f" (first in micro-batch {k + 1} of {len(batches)}: {len(batch)} sequences of "
+                                     f"{min(lengths)}-{max(lengths)} tokens, loss {float(loss.detach()):.4g})")
                         metrics["loss"] += float(loss.detach())
                         metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
                         gap = [a + b for a, b in zip(gap, off_policy_stats(new, old, mask, epsilon=self.epsilon))]
@@ -259,7 +274,7 @@ class PortableTrainer(WarmStart, Checkpoints):
                         [metrics["loss"], metrics["num_tokens"], *gap])
                     if gap[2]:
                         metrics["logprob_gap"], metrics["clip_fraction"] = gap[0] / gap[2], gap[1] / gap[2]
-                    metrics["grad_norm"] = self._update(self.optimizer)
+                    metrics["grad_norm"] = self._update(self.optimizer, where)
                 finally:
                     self.model.train(was_training)
                 self.step += 1

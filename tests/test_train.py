@@ -7,6 +7,7 @@
 import copy
 import warnings
 import importlib.util
+import logging
 import math
 import types
 from pathlib import Path
@@ -227,6 +228,26 @@ def test_fp16_overflow_skips_the_update_counts_it_and_lowers_the_scale(policy, s
                             precision="fp16")
     again.load(tmp_path / "ckpt")
     assert again.scaler.get_scale() == trainer.scaler.get_scale() and again.skipped_steps == 1
+
+
+@pytest.mark.slow
+def test_a_non_finite_gradient_skips_the_update_and_says_where(policy, caplog):
+    """bf16/fp32 have no loss scaler to catch it: a NaN gradient applied would make every LoRA weight, and
+    every later sample, NaN (a Gemma 3 run on the H200 died so: bench/RESULTS.md section 12)."""
+    trainer = PortableTrainer(policy, learning_rate=2e-3)
+    hook = trainer.params[0].register_hook(lambda g: g * float("nan"))
+    weights = lora_weights(trainer.model)
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.train"):
+        metrics = trainer.train_step([group(policy)])
+    assert metrics["skipped_steps"] == 1 and math.isnan(metrics["grad_norm"]) and not trainer.optimizer.state
+    assert all(torch.equal(weights[n], p) for n, p in lora_weights(trainer.model).items())
+    assert "gradient norm is nan: update skipped, weights unchanged (first in micro-batch 1 of 1: 2 sequences" \
+        in caplog.text
+    hook.remove()
+    metrics = trainer.train_step([group(policy)])  # the next step trains as usual
+    assert metrics["skipped_steps"] == 1 and math.isfinite(metrics["grad_norm"])
+    after = lora_weights(trainer.model)
+    assert all(torch.isfinite(p).all() for p in after.values()) and any(not torch.equal(weights[n], p) for n, p in after.items())
 
 
 # ---- micro-batches by tokens ------------------------------------------------------------
