@@ -29,7 +29,8 @@ def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     trainer passes max_seq_len * sequences-in-step), no length normalisation.
     kind="grpo": mean over each sequence's tokens, summed over sequences and divided
     by `constant` (default B). With one update per batch the ratio is 1 and the clip
-    is inactive, so this is the plain policy gradient.
+    is inactive, so this is the plain policy gradient. A token whose log-ratio is past
+    +-20 gets no gradient.
     """
     if kind not in LOSSES:
         raise ValueError(f"loss kind must be one of {LOSSES}, got {kind!r}")
@@ -38,7 +39,11 @@ def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     adv = advantages.to(new_logprobs.dtype)
     if adv.dim() == new_logprobs.dim() - 1:
         adv = adv.unsqueeze(-1)
-    ratio = torch.exp(new_logprobs - old)
+    # The log-ratio clamped to +-20 before exp, as verl does: past about 88 nats exp overflows float32,
+    # and the clipped branch's zero gradient times an infinite ratio is NaN in backward while the loss
+    # stays finite: what two Gemma runs logged (bench/RESULTS.md section 12; whether this was the cause
+    # there is not known).
+    ratio = torch.exp((new_logprobs - old).clamp(-20.0, 20.0))
     token_loss = -torch.min(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon) * adv) * mask
     if kind == "dr_grpo":
         return token_loss.sum() / (constant if constant is not None else new_logprobs.numel())

@@ -263,9 +263,11 @@ class PortableTrainer(WarmStart, Checkpoints):
                         loss = grpo_loss(new, old, adv, mask, kind=self.loss, epsilon=self.epsilon, constant=constant)
                         self._backward(loss)
                         if self.scaler is None and not where and not self._grads_finite():
-                            lengths = [len(s["ids"]) for s in batch]
+                            lengths, known = [len(s["ids"]) for s in batch], torch.isfinite(old) & (mask > 0)
+                            far = float((new.detach() - old)[known].abs().max()) if bool(known.any()) else 0.0
                             where = (f" (first in micro-batch {k + 1} of {len(batches)}: {len(batch)} sequences of "
-                                     f"{min(lengths)}-{max(lengths)} tokens, loss {float(loss.detach()):.4g})")
+                                     f"{min(lengths)}-{max(lengths)} tokens, loss {float(loss.detach()):.4g}, "
+                                     f"largest |trainer - sampler| logprob {far:.3g})")
                         metrics["loss"] += float(loss.detach())
                         metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
                         gap = [a + b for a, b in zip(gap, off_policy_stats(new, old, mask, epsilon=self.epsilon))]

@@ -54,6 +54,17 @@ def test_grpo_loss_treats_unknown_old_logprobs_as_on_policy():
     assert loss.item() == pytest.approx(-2.0 * 2 / 2)
 
 
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_a_log_ratio_past_exps_range_gives_finite_gradients(adv):
+    """A token 199 nats more likely to the trainer than to the sampler: exp overflows float32, and without
+    the clamp the clipped branch's zero gradient times an infinite ratio is NaN, though the loss is finite."""
+    new = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    loss = grpo_loss(new, torch.tensor([[-200.0, -1.0]]), torch.tensor([adv]), torch.ones(1, 2), constant=1.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
+    assert new.grad[0, 0] == 0 and new.grad[0, 1] == -adv  # the far token is left alone, the other trained
+
+
 def test_grpo_loss_rejects_unknown_kind():
     with pytest.raises(ValueError, match="dr_grpo"):
         grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), kind="ppo")
