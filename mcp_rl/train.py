@@ -198,7 +198,8 @@ class PortableTrainer(WarmStart, Checkpoints):
         return kept, too_long
 
     def _grads_finite(self) -> bool:
-        return all(bool(torch.isfinite(p.grad).all()) for p in self.params if p.grad is not None)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        return not grads or bool(torch.stack([g.isfinite().all() for g in grads]).all())  # one host sync
 
     def _update(self, optimizer: torch.optim.Optimizer, where: str = "") -> float:
         if self.scaler is None:
