@@ -64,7 +64,9 @@ def test_transformers_4_is_refused_in_one_line(tok, monkeypatch):
 
 def test_art_tokenizer_returns_ids(tok):
     ids = art_tokenizer(tok).apply_chat_template([{"role": "user", "content": "hi"}])
-    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids) and art_tokenizer(tok).vocab_size == tok.vocab_size
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    view = art_tokenizer(tok)  # passes the rest through, but narrows vocab_size to our marker (chat_templates.py)
+    assert view.eos_token_id == tok.eos_token_id and view.vocab_size - 1 in tok.added_tokens_decoder
 
 
 def check_art_tokenization(tok, trajectories, choice_lists, last_prompts=None):
