@@ -142,28 +142,33 @@ class PortableTrainer(WarmStart, Checkpoints):
         length = max(len(s["ids"]) for s in seqs)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.full((len(seqs), length), pad, dtype=torch.long)
-        attn = torch.zeros_like(ids)
         mask = torch.zeros(len(seqs), length)
         old = torch.full((len(seqs), length), float("nan"))
         for i, s in enumerate(seqs):
             n = len(s["ids"])
-            ids[i, :n], attn[i, :n] = torch.tensor(s["ids"]), 1
+            ids[i, :n] = torch.tensor(s["ids"])
             mask[i, :n], old[i, :n] = torch.tensor(s["mask"], dtype=torch.float), torch.tensor(s["old"])
         # Logits only from the first trained position on: prompts (tool schemas) are long.
         first = max(1, min(s["mask"].index(1) for s in seqs))
         keep = length - first
-        ids, attn = ids.to(self.device), attn.to(self.device)
+        ids = ids.to(self.device)
         targets = ids[:, first:]
+        # No attention mask, on purpose: padding sits after every real token, so causal attention
+        # already keeps it out of their logits (unchanged), and the loss masks its own positions. A
+        # padding mask would leave a sliding-window layer's padding rows past the window (Gemma 3:
+        # 512) with no key at all, and CUDA attention kernels can give such rows NaN gradients under a
+        # finite loss: the likely cause (unconfirmed on a GPU) of Gemma 3 270M's NaN steps on the H200
+        # (bench/RESULTS.md section 12).
         if self._split is not None:
             backbone, head = self._split
             with self._autocast():
-                hidden = backbone(input_ids=ids[:, :-1], attention_mask=attn[:, :-1],
+                hidden = backbone(input_ids=ids[:, :-1],
                                   use_cache=False).last_hidden_state[:, -keep:]  # no KV cache to train
             new = _chunked_logprobs(head, hidden, targets, self._autocast)
             return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)
         kwargs = {"logits_to_keep": keep} if self._keep_logits else {}
         with self._autocast():
-            logits = self.model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], use_cache=False, **kwargs).logits
+            logits = self.model(input_ids=ids[:, :-1], use_cache=False, **kwargs).logits
         logits = logits[:, -keep:].float()
         new = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
         return new, old[:, first:].to(self.device), mask[:, first:].to(self.device)

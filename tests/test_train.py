@@ -342,3 +342,39 @@ def test_the_step_reports_how_far_the_sampler_was_off_policy(tiny_policy, shift,
     metrics = trainer.train_step(groups)
     assert metrics["logprob_gap"] == pytest.approx(gap, abs=1e-4)
     assert metrics["clip_fraction"] == clipped
+
+
+# ---- padding and sliding-window attention -----------------------------------------------
+def test_padding_leaves_no_attention_row_empty_and_real_logprobs_unchanged(tiny_policy, monkeypatch):
+    """Gemma 3's NaN gradient on the H200 (bench/RESULTS.md section 12): with a padding mask, a
+    sliding-window layer's padding rows past the window had no key to attend to, which CUDA kernels
+    can turn into NaN gradients. Right padding needs no mask: every row keeps a key, and each real
+    token's logprob is the one its sequence gets alone."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    _, tok = tiny_policy
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                              sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                              bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    trainer = PortableTrainer(types.SimpleNamespace(model=Gemma3ForCausalLM(config), tokenizer=tok, step=0),
+                              precision="fp32", max_seq_len=64)
+    seqs = [{"ids": list(range(5, 5 + n)), "mask": [0] * 2 + [1] * (n - 2), "old": [0.0] * n, "adv": 1.0}
+            for n in (6, 20)]  # the short one gets 14 padding positions, far past the window of 4
+    sdpa, empty_rows = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        if attn_mask is not None:
+            allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min
+            empty_rows.append(int((~allowed.expand(q.shape[0], -1, q.shape[2], k.shape[2])).all(-1).sum()))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    new, _, mask = trainer._logprobs(seqs)
+    assert empty_rows and not any(empty_rows)  # the sliding layer was masked, and no row was left empty
+    new.sum().backward()
+    assert all(p.grad.isfinite().all() for p in trainer.params if p.grad is not None)
+    alone, _, _ = trainer._logprobs(seqs[:1])
+    n = int(mask[0].sum())
+    torch.testing.assert_close(new[0][mask[0].bool()], alone[0][:n], rtol=1e-5, atol=1e-5)
