@@ -170,18 +170,24 @@ def compare(final: list[dict], other: list[dict], min_gap: float) -> dict:
             "meets_2se_unpaired": gap > 2 * se_unpaired, "meets_2se_paired": gap > 2 * se_paired}
 
 
-def held_out_curve(rows: dict, history: list[dict]) -> list[dict]:
-    """Held-out success by GRPO step: the warm start (step 0), every periodic evaluation, the final one."""
+def held_out_curve(rows: dict, periodic: dict[int, list[dict]], steps: int) -> list[dict]:
+    """Held-out success by GRPO step: the warm start (step 0), every periodic evaluation, the final one.
+
+    Every point counts only the scenarios all periodic evaluations share (the first
+    `train.eval_every_scenarios` held-out ones), so the curve compares like with like; the full
+    held-out set is in the comparisons."""
     rate = lambda rs: sum(r["verified"] >= 0.999 for r in rs) / max(len(rs), 1)  # noqa: E731
-    steps = [h for h in history if "reward_mean" in h]
-    curve = [{"step": 0, "success": rate(rows["warm_start"]), "n": len(rows["warm_start"]), "label": "warm_start"}] \
-        if "warm_start" in rows else []
-    for h in steps:
-        for split in ("test", "val"):
-            if f"{split}_success" in h:
-                curve.append({"step": h["step"], "success": h[f"{split}_success"], "label": f"{split}_step{h['step']}"})
+    ids = set.intersection(*({r["scenario_id"] for r in rs} for rs in periodic.values())) if periodic else None
+
+    def point(step: int, label: str, rs: list[dict]) -> dict:
+        rs = [r for r in rs if ids is None or r["scenario_id"] in ids]
+        return {"step": step, "success": rate(rs), "n": len(rs), "label": label}
+
+    curve = [point(0, "warm_start", rows["warm_start"])] if "warm_start" in rows else []
+    # The final policy is evaluated below: a periodic evaluation at the last step would be a second copy.
+    curve += [point(k, f"test_step{k}", rs) for k, rs in sorted(periodic.items()) if k != steps or "trained" not in rows]
     if "trained" in rows:
-        curve.append({"step": len(steps), "success": rate(rows["trained"]), "n": len(rows["trained"]), "label": "trained"})
+        curve.append(point(steps, "trained", rows["trained"]))
     return curve
 
 
@@ -202,15 +208,17 @@ def plot_curve(run_dir: Path, curve: list[dict], history: list[dict]) -> None:
 
 def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dict | None = None) -> dict:
     targets = targets or TARGETS
-    rows = {label: [json.loads(x) for x in (run_dir / f"eval_{label}.jsonl").read_text().splitlines() if x.strip()]
+    read = lambda path: [json.loads(x) for x in path.read_text().splitlines() if x.strip()]  # noqa: E731
+    rows = {label: read(run_dir / f"eval_{label}.jsonl")
             for label in ("base", "warm_start", "trained") if (run_dir / f"eval_{label}.jsonl").exists()}
+    periodic = {int(p.stem.rsplit("step", 1)[1]): read(p) for p in run_dir.glob("eval_test_step*.jsonl")}
     steps = [h for h in history if "reward_mean" in h]
     warm = next((h for h in history if h.get("phase") == "warm_start"), {})
     proof = {"timings": timings, "steps": len(steps),
              "train_seconds": sum(h.get("seconds", 0) for h in steps),
              "rollout_seconds": sum(h.get("rollout_seconds", 0) for h in steps),
              "warm_start": {k: v for k, v in warm.items() if k not in ("step", "phase")},
-             "curve": held_out_curve(rows, history),
+             "curve": held_out_curve(rows, periodic, len(steps)),
              "comparisons": {k: compare(rows["trained"], rows[k], gap) for k, gap in targets.items() if k in rows}}
     lines = ["| final vs | n | final | other | gap | s.e. unpaired | s.e. paired | wins/losses | target | met |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -227,7 +235,8 @@ def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dic
             f"after epoch {c['epochs']}: {c['tool_errors']:.2f} tool errors, {c['completed_rate']:.0%} completed"
             f" ({'passed' if c['passed'] else 'not met'})" for c in warm["gate"])]
     if len(proof["curve"]) > 2:
-        lines += ["", "Held-out curve: " + ", ".join(f"step {c['step']} {c['success']:.1%}" for c in proof["curve"])]
+        lines += ["", f"Held-out curve, the same {proof['curve'][0]['n']} scenarios at every point: "
+                  + ", ".join(f"step {c['step']} {c['success']:.1%}" for c in proof["curve"])]
     proof["table"] = "\n".join(lines)
     try:
         plot_curve(run_dir, proof["curve"], history)

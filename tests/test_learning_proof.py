@@ -96,3 +96,18 @@ def test_a_bad_run_spec_stops_before_any_run(tmp_path, args, needle):
                          text=True, timeout=60)
     assert out.returncode == 2 and needle in out.stderr and len(out.stderr) < 300
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_held_out_curve_counts_the_same_scenarios_at_every_point(monkeypatch):
+    """Session 10's runs evaluated the warm start on 128 held-out scenarios and every 5 steps the first 64:
+    plotted together, the curve mixed two sets. Every point now counts the periodic evaluations' ones."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from learning_proof import held_out_curve
+
+    row = lambda i, ok: {"scenario_id": f"s{i}", "verified": float(ok)}  # noqa: E731
+    rows = {"warm_start": [row(i, i in (0, 3)) for i in range(4)], "trained": [row(i, i < 3) for i in range(4)]}
+    periodic = {5: [row(0, 0), row(1, 1)], 10: [row(0, 1), row(1, 1)]}  # the first 2 of 4
+    curve = held_out_curve(rows, periodic, 10)
+    assert [(c["step"], c["label"], c["n"], c["success"]) for c in curve] == [
+        (0, "warm_start", 2, 0.5), (5, "test_step5", 2, 0.5), (10, "trained", 2, 1.0)]
+    assert [c["n"] for c in held_out_curve(rows, {}, 10)] == [4, 4]  # no periodic evaluation: the whole set
