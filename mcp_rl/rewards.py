@@ -84,7 +84,8 @@ class RewardConfig:
     format_weight: float = _f(0.2, "weight of the format penalty (malformed calls, tool errors, no complete_task)")
     rel_tol: float = _f(1e-2, "relative tolerance for numeric answers")
     abs_tol: float = _f(1e-4, "absolute tolerance for numeric answers near zero")
-    exact_integers: bool = _f(True, "answers written as plain integers must equal integer ground truth exactly")
+    exact_integers: bool = _f(True, "plainly written answers must match the ground truth to the coarser stated "
+                                        "digit ('149.0' is not 148; '41.3' is not 41.7), not just within rel_tol")
     require_complete_task: bool = _f(True, "verify only answers given through complete_task (a prose reply scores 0: "
                                             "otherwise the last number of a guess can match a small answer)")
     success_threshold: float = _f(1.0, "verified score that counts as correct (gates the efficiency bonus)")

@@ -49,8 +49,13 @@ _TRUE, _FALSE = {"yes", "true", "y", "correct"}, {"no", "false", "n", "incorrect
 
 class _Num(NamedTuple):
     value: float
-    exact: bool    # written as a plain integer: compared exactly when both sides are
+    exact: bool      # written plainly (no "about", scale word or exponent): held to its stated precision
     percent: bool
+    decimals: int = 0  # stated decimals, trailing zeros dropped: "149.0" is stated like "149"
+
+
+def _decimals(digits: str) -> int:
+    return len(digits.partition(".")[2].rstrip("0"))
 
 
 def _num(m: re.Match, approx: bool = False) -> _Num:
@@ -58,8 +63,8 @@ def _num(m: re.Match, approx: bool = False) -> _Num:
     value = float(raw) * (-1 if m["sign"] in ("-", "−") else 1)
     scale = (m["sfx"] or m["word"] or "").lower()
     value *= _SCALE.get(scale, 1.0)
-    exact = not (approx or scale or m["pct"] or "." in raw or "e" in raw.lower())
-    return _Num(value, exact, bool(m["pct"]))
+    exact = not (approx or scale or "e" in raw.lower())
+    return _Num(value, exact, bool(m["pct"]), _decimals(m["num"]))
 
 
 def _whole_number(text: str) -> _Num | None:
@@ -68,7 +73,7 @@ def _whole_number(text: str) -> _Num | None:
     approx = bool(_APPROX_RE.match(s))
     s = _APPROX_RE.sub("", s)
     if s.lower() in _WORDS:
-        return _Num(float(_WORDS[s.lower()]), not approx, False)
+        return _Num(float(_WORDS[s.lower()]), not approx, False, 0)
     m = _NUM_RE.fullmatch(s)
     return _num(m, approx) if m else None
 
@@ -126,12 +131,18 @@ def _string_match(pred: str, exp: str) -> float:
 
 
 def _close(p: _Num, e: _Num, rel_tol: float, abs_tol: float, exact_integers: bool) -> bool:
+    """Within the tolerance, and, when both are written plainly (exact_integers), within half a unit
+    of the coarser stated digit: "149" and "149.0" miss 148, "41.3" misses 41.7, "41.66" and "42" do not."""
     # A percent on either side matches the number or its fraction: "12.5%" ~ 12.5 ~ 0.125.
-    ps = {p.value, p.value / 100} if p.percent else {p.value}
-    es = {e.value, e.value / 100} if e.percent else {e.value}
-    if exact_integers and p.exact and e.exact:
-        return p.value == e.value
-    return any(math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol) for a in ps for b in es)
+    ps = [(p.value, p.decimals), (p.value / 100, p.decimals + 2)] if p.percent else [(p.value, p.decimals)]
+    es = [(e.value, e.decimals), (e.value / 100, e.decimals + 2)] if e.percent else [(e.value, e.decimals)]
+    for (a, da), (b, db) in ((x, y) for x in ps for y in es):
+        tol = max(rel_tol * abs(b), abs_tol)
+        if exact_integers and p.exact and e.exact:
+            tol = min(tol, 0.5 * 10.0 ** -min(da, db))
+        if abs(a - b) <= tol * (1 + 1e-9):
+            return True
+    return False
 
 
 def _scalar(pred: str, exp: Any, rel_tol: float, abs_tol: float, exact_integers: bool) -> float:
@@ -141,7 +152,7 @@ def _scalar(pred: str, exp: Any, rel_tol: float, abs_tol: float, exact_integers:
     if isinstance(exp, (int, float)):
         if not math.isfinite(exp):
             raise ValueError(f"expected answer {exp!r} is not a finite number; fix the scenario")
-        e_num = _Num(float(exp), isinstance(exp, int), False)
+        e_num = _Num(float(exp), True, False, _decimals(repr(float(exp))) if "e" not in repr(float(exp)) else 17)
     elif isinstance(exp, (date, datetime)):
         d = _find_date(pred)
         return float(d is not None and d == (exp.date() if isinstance(exp, datetime) else exp))
@@ -149,7 +160,8 @@ def _scalar(pred: str, exp: Any, rel_tol: float, abs_tol: float, exact_integers:
         if (e_date := _find_date(exp, whole=True)) is not None:
             return float(_find_date(pred) == e_date)
         if (e_num := _whole_number(exp)) is None:
-            return _string_match(pred, exp)
+            items = _split_items(pred)  # "Sales, Marketing, Finance" names three: scored as a list
+            return _string_match(pred, exp) if len(items) < 2 else _f1(items, [exp], rel_tol, abs_tol, exact_integers)
     else:
         raise TypeError(f"cannot verify against an expected answer of type {type(exp).__name__}; "
                         "use str, int, float, bool, a date, or a list of those")
@@ -184,12 +196,16 @@ def verify_answer(predicted: str | None, expected: Any, *, rel_tol: float = 1e-2
     - number (or a string that is one, "$1,234.50", "12.5%"): the answer is read as a number
       if it is nothing but one ("1,234", "$1.2M", "about 42", "three"), else the LAST number
       in the text counts (agents put the result at the end: "of 5 teams ... 42"). Match within
-      rel_tol / abs_tol; when both sides are written as plain integers they must be equal
-      (exact_integers). A percent on either side matches the value or its fraction.
+      rel_tol / abs_tol; when both sides are written plainly (no "about", scale word or exponent),
+      also within half a unit of the coarser stated digit (exact_integers): "43" and "149.0" miss
+      42 and 148, "41.3" misses 41.7, "41.66" matches it. A percent on either side matches the
+      value or its fraction.
     - date (a date object or a string that is one): the last date in the answer, any of
       2024-01-15, 01/15/2024 (US order), 15 Jan 2024, January 15th, 2024; time of day ignored.
     - string: equal after `normalize`, or contained as whole words when the extra words hold
-      no hedge or denial ("or", "not", ...).
+      no hedge or denial ("or", "not", ...). An answer that splits into several items ("Sales,
+      Marketing") is scored as a list against the one expected item, so naming every candidate
+      does not earn full credit.
     - list/tuple/set: order-insensitive F1 (2*matched / (len(expected) + len(answer items)))
       over a one-to-one matching of items by the rules above, so both missing and extra
       items cost credit. The answer is split as a JSON/Python list or on , ; "and" newlines.
@@ -216,7 +232,10 @@ def verify_answer(predicted: str | None, expected: Any, *, rel_tol: float = 1e-2
     opts = (rel_tol, abs_tol, exact_integers)
     if not isinstance(expected, (list, tuple, set, frozenset)):
         return _scalar(pred, expected, *opts)
-    exp_items, items = list(expected), _split_items(pred)
+    return _f1(_split_items(pred), list(expected), *opts)
+
+
+def _f1(items: list[str], exp_items: list, *opts: Any) -> float:
     if not exp_items or not items:
         return float(not exp_items and not items)
     unused, matched = list(items), 0

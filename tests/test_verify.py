@@ -35,6 +35,17 @@ VERIFY_CASES = [
     ("0.00005", 0.0, 1.0),                     # abs_tol near zero
     ("0.01", 0.0, 0.0),
     ("85123.456", 85123.46, 1.0),
+    # numbers: a plain answer is held to the coarser stated digit (found by review: ".0" bypassed exactness)
+    ("149.0", 148, 0.0),
+    ("1,640,000.0", 1631000, 0.0),
+    ("148.0", 148, 1.0),
+    ("41.3", 41.7, 0.0),                       # one decimal asked: 1% (0.4) was too loose
+    ("42.1", 41.7, 0.0),
+    ("41.66", 41.7, 1.0),
+    ("42", 41.7, 1.0),                         # a coarser rounding of the right value
+    ("40", 41.7, 0.0),
+    ("22.22%", 22.2, 1.0),
+    ("0.3", 0.1 + 0.2, 1.0),                   # a float's binary noise is not a stated digit
     # numbers: percent
     ("12.5%", 0.125, 1.0),
     ("12.5%", 12.5, 1.0),
@@ -60,6 +71,9 @@ VERIFY_CASES = [
     ("Engineering or Sales", "Engineering", 0.0),   # hedges get nothing
     ("not Engineering", "Engineering", 0.0),
     ("Sales", "Engineering", 0.0),
+    ("Sales and Marketing", "Sales", 2 / 3),        # several names for one: scored as a list
+    ("Engineering, Sales, Marketing, Finance, Operations", "Sales", 2 / 6),
+    ("The lead of Tempest works in Sales.", "Sales", 1.0),
     # booleans
     ("Yes, it does.", True, 1.0),
     ("true", True, 1.0),
@@ -105,7 +119,7 @@ def test_verify_answer_table_is_large():
     ({}, 0.0), ({"rel_tol": 0.1}, 1.0), ({"abs_tol": 5.0}, 1.0),
 ])
 def test_tolerance_is_configurable(kwargs, score):
-    assert verify_answer("45.0", 42.0, **kwargs) == score
+    assert verify_answer("about 45", 42.0, **kwargs) == score  # "about": the tolerance, not the stated digits
 
 
 def test_exact_integers_can_be_turned_off():
@@ -120,3 +134,23 @@ def test_exact_integers_can_be_turned_off():
 def test_verify_answer_rejects_bad_expected(expected, error, match):
     with pytest.raises(error, match=match):
         verify_answer("1", expected)
+
+
+def test_rescore_flips_a_stored_row_the_verifier_now_refuses(tmp_path, monkeypatch):
+    """bench/rescore.py: Gemma seed 1's step-10 evaluation listed every department and was scored correct."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    from rescore import rescore
+
+    rows = [{"scenario_id": "a", "answer": "Engineering, Sales, Marketing", "expected": "Sales", "verified": 1.0,
+             "completed": True},
+            {"scenario_id": "b", "answer": "Sales", "expected": "Sales", "verified": 1.0, "completed": True},
+            {"scenario_id": "c", "answer": "Sales", "expected": "Sales", "verified": 0.0, "completed": False}]
+    path = tmp_path / "eval_x.jsonl.gz"
+    path.write_bytes(gzip.compress("\n".join(map(json.dumps, rows)).encode()))
+    res = rescore(path)
+    assert (res["n"], res["stored"], res["rescored"]) == (3, 2 / 3, 1 / 3)
+    assert [f[0] for f in res["flips"]] == ["a"]
