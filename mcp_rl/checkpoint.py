@@ -80,6 +80,8 @@ class Checkpoints:
             raise ValueError(f"checkpoint {path} has weights this model lacks: {result.unexpected_keys[:3]}...")
         if (path / "optimizer.pt").is_file():
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
+            for group in self.optimizer.param_groups:  # the saved groups carry the old lr: this trainer's counts
+                group["lr"] = self.learning_rate
         self.step, self.sft_steps = int(state["step"]), int(state.get("sft_steps", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
         if self.scaler is not None and state.get("scaler"):

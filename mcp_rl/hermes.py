@@ -124,7 +124,8 @@ def choice_from_text(
                 token=f"token_id:{tid}", logprob=float(lp),
                 bytes=list(piece.encode("utf-8")) if piece is not None else None, top_logprobs=[],
             ))
-        choice_logprobs = ChoiceLogprobs(content=content)
+        # An empty turn (end-of-turn sampled first) gets no logprobs: ART would read its first one.
+        choice_logprobs = ChoiceLogprobs(content=content) if content else None
     return Choice(finish_reason=finish_reason, index=0, message=message, logprobs=choice_logprobs)
 
 

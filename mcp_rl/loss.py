@@ -70,12 +70,26 @@ def off_policy_stats(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mas
 
 
 def _backbone_and_head(model: Any) -> tuple[Any, Any] | None:
-    """(decoder, lm_head) of a plain causal LM whose logits are just lm_head(hidden), else None.
+    """(decoder, lm_head) of a causal LM whose logits are just lm_head(hidden), else None.
 
-    Models that scale or soft-cap their logits (Gemma, Cohere, ...) keep the full forward."""
+    Models that scale or soft-cap their logits keep the full forward. Each names it differently
+    (Gemma 2's final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling, Falcon-H1's
+    lm_head_multiplier, ...), so a four-token probe compares the two paths instead of a list of keys."""
     backbone, head = getattr(model, "model", None), model.get_output_embeddings()
-    plain = not any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
-    return (backbone, head) if plain and backbone is not None and isinstance(head, torch.nn.Linear) else None
+    if backbone is None or not isinstance(head, torch.nn.Linear):
+        return None
+    ids = torch.arange(1, 5, device=head.weight.device)[None]
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = model(input_ids=ids, use_cache=False).logits.float()
+            split = head(backbone(input_ids=ids, use_cache=False).last_hidden_state).float()
+    except Exception:  # noqa: BLE001  (a backbone that cannot run alone: the full forward is always right)
+        return None
+    finally:
+        model.train(training)
+    return (backbone, head) if torch.allclose(full, split, rtol=1e-3, atol=1e-3) else None
 
 
 def _chunked_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, autocast: Any,

@@ -215,7 +215,8 @@ class PortableTrainer(WarmStart, Checkpoints):
                 self.skipped_steps += 1
                 log.warning("gradient norm is %s: update skipped, weights unchanged%s", float(grad_norm), where)
         else:  # unscale first so clipping sees true gradients; the scaler skips a step with inf/NaN
-            self.scaler.unscale_(optimizer)
+            self.scaler.scale(torch.zeros((), device=self.device))  # its lazy start: a rank without sequences
+            self.scaler.unscale_(optimizer)                         # never scaled a loss (found by review)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             scale = self.scaler.get_scale()
             self.scaler.step(optimizer)

@@ -84,3 +84,15 @@ def test_chunked_logprobs_match_the_full_logits_and_their_gradient():
     full = model(input_ids=ids[:, :-1]).logits[:, -12:].log_softmax(-1).gather(-1, ids[:, -12:, None]).squeeze(-1)
     (grad_full,) = torch.autograd.grad(full.sum(), head.weight)
     assert torch.allclose(chunked, full, atol=1e-5) and torch.allclose(grad_chunked, grad_full, atol=1e-5)
+
+
+def test_a_model_that_scales_its_logits_keeps_the_full_forward():
+    """Granite divides its logits by `logits_scaling`, a key the old list did not name: the split path
+    gave trainer logprobs up to 13.5 nats off the sampler's (found by review). The probe catches it."""
+    from transformers import GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    torch.manual_seed(0)
+    assert _backbone_and_head(GraniteForCausalLM(GraniteConfig(logits_scaling=8.0, **shape))) is None
+    assert _backbone_and_head(LlamaForCausalLM(LlamaConfig(**shape))) is not None

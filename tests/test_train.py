@@ -378,3 +378,44 @@ def test_padding_leaves_no_attention_row_empty_and_real_logprobs_unchanged(tiny_
     alone, _, _ = trainer._logprobs(seqs[:1])
     n = int(mask[0].sum())
     torch.testing.assert_close(new[0][mask[0].bool()], alone[0][:n], rtol=1e-5, atol=1e-5)
+
+
+def test_an_empty_sampled_turn_does_not_crash_the_step(tiny_policy):
+    """End-of-turn sampled first gives an empty turn; with logprobs=[] ART's tokenizer read its first
+    logprob and the whole step raised (found by review). It now carries no logprobs and is not trained."""
+    from mcp_rl.hermes import choice_from_text
+
+    model, tok = tiny_policy
+    trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
+                              precision="fp32", max_seq_len=512)
+    ids = tok.encode("Hello there.", add_special_tokens=False)
+    good = choice_from_text("Hello there.", tokenizer=tok, token_ids=ids, logprobs=[-1.0] * len(ids))
+    empty = choice_from_text("", tokenizer=tok, token_ids=[], logprobs=[])
+    assert empty.logprobs is None
+    group = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*PROMPT, good], reward=1.0),
+                                 art.Trajectory(messages_and_choices=[*PROMPT, empty], reward=0.0)])
+    metrics = trainer.train_step([group])
+    assert metrics["updated"] == 1.0 and metrics["num_sequences"] == 1.0
+
+
+def test_a_resumed_trainer_uses_its_own_learning_rate(tiny_policy, tmp_path):
+    """The optimizer's saved param groups carried the old lr into a resume with another one (found by review)."""
+    model, tok = tiny_policy
+    make = lambda lr: PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),  # noqa: E731
+                                      learning_rate=lr, precision="fp32", max_seq_len=512)
+    make(1e-3).save(tmp_path / "ckpt")
+    resumed = make(5e-5)
+    resumed.load(tmp_path / "ckpt")
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [5e-5] * len(resumed.optimizer.param_groups)
+
+
+def test_an_fp16_rank_without_sequences_still_takes_the_step(tiny_policy):
+    """Under torch.distributed a rank whose share of a small step is empty backpropagates nothing, and
+    receives the summed gradients (zeros where it held none): its scaler had never started and unscale_
+    asserted (found by review)."""
+    model, tok = tiny_policy
+    trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
+                              precision="fp16", max_seq_len=512)
+    for p in trainer.params:  # what distributed.all_reduce_grads leaves on such a rank
+        p.grad = torch.zeros_like(p)
+    assert trainer._update(trainer.optimizer) == 0.0 and trainer.skipped_steps == 0
