@@ -233,6 +233,8 @@ def cmd_export(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .config import PRESETS
+
     p = argparse.ArgumentParser(prog="python -m mcp_rl", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in (("train", cmd_train), ("demo", cmd_demo)):
         sp = sub.add_parser(name, help="train with a preset" if name == "train" else "the whole CPU pipeline, no key, no download")
         if name == "train":
-            sp.add_argument("--preset", default="cpu", choices=["cpu", "t4"])
+            sp.add_argument("--preset", default="cpu", choices=list(PRESETS))
             sp.add_argument("--config", help="YAML/TOML/JSON file over the preset")
         sp.add_argument("--out")
         sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last complete step")

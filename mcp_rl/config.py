@@ -146,7 +146,7 @@ def check_episode_fits(rollout: RolloutConfig, train: TrainConfig) -> None:
 
 @dataclass
 class Config:
-    server: str = _f("mcp_server.py", "MCP server: a .py file or shell command (stdio), an http(s) URL, or 'company' (our server, in-process)")
+    server: str = _f("mcp_server.py", "MCP server: a .py file or shell command (stdio), an http(s) URL, or 'company' (mcp_server.py over streamable HTTP on 127.0.0.1)")
     server_token: str | None = _f(None, "bearer token for an HTTP server (or env MCP_RL_TOKEN)")
     server_tools: list[str] | None = _f(None, "the only server tools the agent is offered (None: all); naming "
                                         "tools also allows those with side effects")

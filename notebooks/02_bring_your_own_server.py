@@ -228,7 +228,8 @@ cfg = preset(PRESET, model=MODEL, server=str(SERVER), tool_prefix=TOOL_PREFIX, o
              rollout={"max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS},
              reward={**judge, "custom": [MY_REWARD]},
              train={"steps": STEPS, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
-                    "warm_start_scenarios": 0, "seed": SEED})
+                    "warm_start_scenarios": 0, "seed": SEED,
+                    "eval_every_split": "test"})  # this notebook's tasks have no val split: the curve uses test
 run = open_run(cfg, fresh=FRESH_RUN)
 cfg, run_dir = run.cfg, run.dir
 print(f"{cfg.model} | {cfg.train.backend} trainer | tool_prefix {cfg.tool_prefix} | judge {cfg.reward.judge_model}")
@@ -257,7 +258,7 @@ print(f"your reward ({MY_REWARD[0]}):", traj.metrics[f"reward/{MY_REWARD[0]}"], 
 
 # %%
 base = await run.evaluate("base", spec, test)
-state = await run.train(spec, train, test=test)  # test: for train.eval_every_split=test
+state = await run.train(spec, train, test=test)  # every eval_every steps: the first test tasks
 trained = await run.evaluate("trained", spec, test)
 
 # %%

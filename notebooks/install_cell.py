@@ -7,7 +7,7 @@
 # the checkout. On a Colab T4 the first run takes several minutes (vLLM 0.9.2 and its torch 2.7 are
 # large downloads); pip then warns that some of Colab's preinstalled packages (torchvision,
 # torchaudio, ...) want another torch: expected, this notebook does not use them.
-# Outside Colab (CI, your own machine) it installs nothing: use `make install` or `pip install -e .`.
+# Outside Colab (CI, your own machine) it installs nothing: use `make install` (the CPU set and the embedded model).
 import os
 import shutil
 import subprocess
@@ -61,7 +61,7 @@ stamp = root / ".colab-installed"
 if INSTALL not in ("art", "unsloth"):
     raise ValueError(f"INSTALL must be 'art' or 'unsloth', got {INSTALL!r}")
 if not any(k.startswith("COLAB_") for k in os.environ):
-    print("not on Colab: nothing installed here (make install, or pip install -e '.[cpu]')")
+    print("not on Colab: nothing installed here (run `make install`: the CPU set and the embedded model)")
 elif stamp.exists():
     done = stamp.read_text().strip()
     if not done.startswith(INSTALL + " "):

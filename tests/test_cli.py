@@ -189,3 +189,13 @@ def test_train_worker_flags_set_the_config(monkeypatch):
 def test_rollout_worker_refuses_a_bad_port(capsys):
     assert cli.main(["rollout-worker", "--server", "company", "--port", "0"]) == 2
     assert "--port must be in 1..65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset, code", [("t4-unsloth", 0), ("t5", 2)])
+def test_train_takes_every_preset_the_config_has(preset, code, capsys):
+    """The README advertises `t4-unsloth`; the parser once offered only cpu and t4 (found by review)."""
+    from mcp_rl.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", preset, "--help"])
+    assert e.value.code == code
