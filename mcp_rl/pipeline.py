@@ -20,6 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
+import art
+
 from . import distributed
 from .audit import log_tool_calls
 from .config import Config
@@ -28,7 +30,7 @@ from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
 from .launch import HttpServer, company_server_command
 from .policy import DemonstrationPolicy
 from .rewards import score_group
-from .rollout import RolloutConfig, gather_rollouts
+from .rollout import RolloutConfig, failed_outside_policy, gather_rollouts
 from .scenarios import load_scenarios
 
 COMPANY = "company"  # Config.server value: our server, launched over HTTP on a local port
@@ -248,11 +250,19 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
             groups = await gather_rollouts(trainer.policy, server, mine, rollout_config(cfg),
                                            group_size=cfg.train.group_size, desc=f"step {step + 1}")
     rollout_s = time.monotonic() - t0
-    mine_scored = [await score_group(group, scenario, cfg.reward) for group, scenario in zip(groups, mine)]
-    scored, skipped = [], []
+    mine_scored = []
+    for group, scenario in zip(groups, mine):
+        kept = art.TrajectoryGroup([t for t in group.trajectories if not failed_outside_policy(t)])
+        mine_scored.append(await score_group(kept, scenario, cfg.reward) if len(kept.trajectories) > 1 else kept)
+    scored, skipped, outside = [], [], 0
     for g, scenario in zip(distributed.unshard_groups(mine_scored, f"step {step + 1} rollouts"), batch):
         if g is None:
             skipped.append(f"{scenario.id}: judge failed")
+            continue
+        outside += cfg.train.group_size - len(g.trajectories)
+        if len(g.trajectories) < 2:
+            skipped.append(f"{scenario.id}: {cfg.train.group_size - len(g.trajectories)} rollouts cut short by the "
+                           "endpoint, server or clock")
             continue
         rewards = [t.reward for t in g.trajectories]
         if len(set(rewards)) <= 1:
@@ -265,6 +275,7 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
         "success_rate": sum(t.metrics.get("reward/verified", 0) >= 0.999 for t in trajs) / max(len(trajs), 1),
         "completed_rate": sum(bool(t.metrics.get("completed")) for t in trajs) / max(len(trajs), 1),
         "groups_skipped": len(skipped), "skipped": skipped, "scenarios": [s.id for s in batch],
+        "failed_outside_policy": outside,  # left out of their groups, not trained on
         "policy_step": trainer.policy.step,
     }
     if worker_stats is not None:

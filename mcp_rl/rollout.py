@@ -106,6 +106,16 @@ def _new_trajectory(policy, scenario, cfg: RolloutConfig, tools: list[dict]) -> 
     )
 
 
+# Fatal reasons that are no fault of the policy: such a rollout is left out of its GRPO group
+# (pipeline.train_step) instead of being scored, and trained on, as the policy's mistake.
+OUTSIDE_POLICY = ("policy failed", "server died", "server unavailable", "rollout exceeded")
+
+
+def failed_outside_policy(traj: art.Trajectory) -> bool:
+    """The rollout was cut short by the endpoint, the server or the wall clock, not by the policy."""
+    return bool(traj.metrics.get("fatal")) and str(traj.metadata.get("fatal_reason") or "").startswith(OUTSIDE_POLICY)
+
+
 def _fatal(traj: art.Trajectory, reason: str) -> None:
     traj.metrics["fatal"] = True
     traj.metadata["fatal_reason"] = reason[:500]

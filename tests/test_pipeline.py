@@ -227,3 +227,41 @@ def test_a_preset_the_installed_stack_cannot_train_is_refused(tmp_path, stamp, n
             pipeline.check_install(preset(name), path)
     else:
         pipeline.check_install(preset(name), path)
+
+
+async def test_a_rollout_cut_short_by_the_endpoint_is_left_out_of_its_group(tmp_path, company_db):
+    """A policy endpoint down after its retries used to be scored -0.1 and trained on as the policy's
+    mistake, next to its group's correct answers (found by review). It is now left out: here the two
+    rollouts left tie, so there is nothing to train."""
+    from mcp_server import build_server
+
+    from mcp_rl.policy import DemonstrationPolicy, PolicyError
+
+    cfg = apply_overrides(preset("cpu"), ["train.steps=1", "train.groups_per_step=1", "train.group_size=3",
+                                          "train.warm_start_scenarios=0"])
+    scenarios, _, _ = pipeline.load_splits(cfg)
+
+    class DownOnce(DemonstrationPolicy):
+        calls = 0
+
+        async def complete(self, *a, **k):
+            DownOnce.calls += 1
+            if DownOnce.calls == 1:
+                raise PolicyError("endpoint down after 3 retries")
+            return await super().complete(*a, **k)
+
+    class Trainer:
+        policy, trained = DownOnce(scenarios), []
+
+        async def train(self, groups):
+            self.trained.append(groups)
+            return {}
+
+        def save(self, path):
+            path.mkdir(parents=True, exist_ok=True)
+
+    trainer = Trainer()
+    state = await pipeline.train_loop(trainer, build_server(company_db), scenarios, cfg, tmp_path, {"step": 0, "history": []})
+    rec = state["history"][-1]
+    assert rec["failed_outside_policy"] == 1 and rec["groups_trained"] == 0 and trainer.trained == []
+    assert rec["success_rate"] == 1.0  # the two left, both right; the failed one is not counted
