@@ -39,6 +39,11 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_DB = ROOT / "data" / "company.db"
 TOKEN_ENV = "MCP_RL_TOKEN"
 MAX_SQL_CHARS = 20_000
+# A result is text sent to an agent that reads at most a few thousand characters: one cell is cut
+# at MAX_CELL_CHARS and the table at MAX_RESULT_CHARS, so no query makes the server build gigabytes.
+MAX_VALUE_BYTES = 100_000  # SQLite's own limit on one string or blob (it refuses anything longer)
+MAX_CELL_CHARS = 1_000
+MAX_RESULT_CHARS = 50_000
 # PRAGMAs that only describe the schema; they take an object name, never a new value.
 READ_ONLY_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"})
 _WRITE_ACTIONS = {getattr(sqlite3, n): n.removeprefix("SQLITE_").lower().replace("_", " ") for n in (
@@ -150,7 +155,7 @@ class CompanyDB:
                                check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA query_only=ON")
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 10_000_000)  # no gigabyte zeroblob()s
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)  # no gigabyte zeroblob()s
         if guard is not None:
             conn.set_authorizer(guard.authorize)
             conn.set_progress_handler(guard.progress, 1000)
@@ -265,6 +270,13 @@ def format_table(header: list[str], rows: list[tuple], max_rows: int) -> str:
         lines.append(f"[truncated: showing {max_rows} of at least {len(rows)} rows; add LIMIT/OFFSET or aggregate]")
     else:
         lines.append(f"({len(rows)} row{'s' * (len(rows) != 1)})")
+    kept, size = [], 0
+    for k, line in enumerate(lines[:-1]):
+        if size + len(line) + 1 > MAX_RESULT_CHARS:
+            return "\n".join(kept + [f"[truncated at {MAX_RESULT_CHARS} characters: {k - 2} of {len(shown)} rows "
+                                      "shown; select fewer columns or rows]"])
+        kept.append(line)
+        size += len(line) + 1
     return "\n".join(lines)
 
 
@@ -273,7 +285,8 @@ def _cell(value) -> str:
         return "NULL"
     if isinstance(value, bytes):
         return f"<blob {len(value)} bytes>"
-    return str(value)
+    text = str(value)
+    return text if len(text) <= MAX_CELL_CHARS else f"{text[:MAX_CELL_CHARS]}... [{len(text)} characters]"
 
 
 def build_server(db_path: str | os.PathLike | None = None, *, timeout_s: float = 2.0, max_rows: int = 200,

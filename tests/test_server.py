@@ -451,3 +451,14 @@ async def test_http_client_without_token_cannot_connect(http_url):
     with pytest.raises(McpError):
         async with Client(http_url) as client:
             await client.list_tools()
+
+
+async def test_a_huge_result_is_cut_in_the_server_not_built(company_db):
+    """150 rows of 80 000 characters each once came back whole (12 MB; 60 rows of 10 MB values were
+    possible, found by review): a cell is cut at 1 000 characters and the table at 50 000."""
+    result = await _query(build_server(company_db), "SELECT name, hex(zeroblob(40000)) AS h FROM employees")
+    text = result.content[0].text
+    assert not result.is_error and len(text) <= 51_000
+    assert "... [80000 characters]" in text and text.endswith("select fewer columns or rows]")
+    too_big = await _query(build_server(company_db), "SELECT hex(zeroblob(60000))")  # 120 000 > 100 000
+    assert too_big.is_error and "string or blob too big" in too_big.content[0].text
