@@ -91,7 +91,8 @@ def _load_build_db():
 class _Guard:
     """Per-connection authorizer and clock; remembers why it stopped a statement."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, sql: str = ""):
+        self.pragma_table = bool(re.search(r"\bpragma_\w", sql, re.I))  # a table-valued PRAGMA is named
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.denied: str | None = None
@@ -99,6 +100,11 @@ class _Guard:
 
     def authorize(self, action: int, arg1, arg2, _db, _trigger) -> int:
         if action in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE):
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master" and self.pragma_table:
+            # SQLite reports a table-valued PRAGMA (SELECT * FROM pragma_table_info('t')) as updates of
+            # its catalog while it prepares the function; nothing is written (the connection is mode=ro
+            # and query_only, and writable_schema is refused), and the PRAGMA itself is checked below.
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_FUNCTION:
             if (arg2 or "").lower() != "load_extension":
@@ -208,7 +214,7 @@ class CompanyDB:
             raise AgentError(f"empty SQL: {_HINT}, e.g. SELECT name FROM departments")
         if len(sql) > MAX_SQL_CHARS:
             raise AgentError(f"SQL is {len(sql)} characters; the limit is {MAX_SQL_CHARS}")
-        guard = _Guard(self.timeout_s)
+        guard = _Guard(self.timeout_s, sql)
         try:
             conn = self.connect(guard)
         except Exception as exc:  # a missing/corrupt file or a failed build: a server fault, said plainly

@@ -462,3 +462,17 @@ async def test_a_huge_result_is_cut_in_the_server_not_built(company_db):
     assert "... [80000 characters]" in text and text.endswith("select fewer columns or rows]")
     too_big = await _query(build_server(company_db), "SELECT hex(zeroblob(60000))")  # 120 000 > 100 000
     assert too_big.is_error and "string or blob too big" in too_big.content[0].text
+
+
+@pytest.mark.parametrize("sql, ok, needle", [
+    ("SELECT name FROM pragma_table_info('employees')", True, "salary"),
+    ("SELECT count(*) FROM pragma_table_info('projects')", True, "9"),
+    ("SELECT * FROM pragma_writable_schema", False, "read-only: PRAGMA writable_schema"),
+    ("UPDATE sqlite_master SET sql = 'x' WHERE name IN (SELECT name FROM pragma_table_info('employees'))",
+     False, "may not be modified"),  # let through by the authorizer here, refused by SQLite itself
+])
+async def test_table_valued_read_only_pragmas_read_and_nothing_else(company_db, sql, ok, needle):
+    """`SELECT ... FROM pragma_table_info('t')` was refused as a write of the schema, and counted as the
+    agent's tool error (found by review): SQLite reports it as catalog updates while preparing it."""
+    result = await _query(build_server(company_db), sql)
+    assert result.is_error != ok and needle in result.content[0].text, result.content[0].text[:200]
