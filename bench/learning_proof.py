@@ -230,6 +230,13 @@ def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dic
                      f"{'yes' if met else ('paired s.e. only' if c['meets_gap'] and c['meets_2se_paired'] else 'no')} |")
     lines += ["", f"GRPO steps: {proof['steps']}, training time {proof['train_seconds']:.0f} s "
               f"(rollouts + updates); evaluations: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.get("eval_s", {}).items())]
+    decode = [h["decode"] for h in steps if h.get("decode")]
+    if decode:  # where the rollouts' sampling time went (LocalPolicy.decode_stats, per step)
+        tot = {k: sum(d[k] for d in decode) for k in decode[0]}
+        lines += ["", f"Sampling over the GRPO steps: prefill {tot['prefill_s']:.0f} s, decode loop {tot['decode_s']:.0f} s "
+                  f"({tot['decode_steps']:.0f} steps), {tot['rows']:.0f} rows; padding "
+                  f"{1 - tot['prompt_tokens'] / max(tot['padded_prompt_tokens'], 1):.0%} of prefilled tokens; requests "
+                  f"waited {tot['queue_wait_s'] / max(tot['rows'], 1):.2f} s each for a batch on average"]
     if warm.get("gate"):
         lines += ["", "Warm-start gate: " + "; ".join(
             f"after epoch {c['epochs']}: {c['tool_errors']:.2f} tool errors, {c['completed_rate']:.0%} completed"

@@ -15,6 +15,7 @@ tool-calling chat template in chat_templates.py; their names are re-exported her
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ class _Request:
     max_new: int
     temperature: float
     future: asyncio.Future = field(repr=False)
+    queued: float = field(default_factory=time.monotonic, repr=False)
 
 
 class LocalPolicy:
@@ -86,6 +88,11 @@ class LocalPolicy:
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
         self.step = 0
         self.generate_calls = 0  # how many batched decodes served requests (tests, benchmarks)
+        # Where sampling time goes, summed over every batched decode (pipeline.train_step logs each
+        # step's share): the rows' real and left-padded prompt tokens, decode steps, the seconds in
+        # prefill and in the decode loop, and the seconds requests waited to join a batch.
+        self.decode_stats = dict.fromkeys(("rows", "prompt_tokens", "padded_prompt_tokens", "decode_steps",
+                                           "prefill_s", "decode_s", "queue_wait_s"), 0.0)
         self.last_batch_size = 0
         self._prefix_ids = tokenizer.encode(_TOOL_PREFIX, add_special_tokens=False)
         self.stop_ids = self._stop_ids()
@@ -175,10 +182,14 @@ class LocalPolicy:
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             keep[i, width - len(r.prompt_ids):] = True
         ids, keep = ids.to(device), keep.to(device)
+        start = time.monotonic()
         with torch.inference_mode():
             decoder = _Decoder(self.model, ids, keep, width + max_new,
                                cuda_graph=self.cuda_graph and device.type == "cuda")
             logits, forced_lp = decoder.prefill(n_forced)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # one sync a batch, so prefill and decode time apart
+            prefilled = time.monotonic()
             tokens = torch.full((n, max_new), pad, dtype=torch.long, device=device)
             lps = torch.zeros((n, max_new), dtype=torch.float32, device=device)
             done = torch.zeros(n, dtype=torch.bool, device=device)
@@ -207,6 +218,14 @@ class LocalPolicy:
                 if t + 1 < max_new:
                     logits = decoder.step(tok, width + t)
             new, new_lp = tokens.tolist(), lps.tolist()
+        stats = self.decode_stats
+        stats["rows"] += n
+        stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in reqs)
+        stats["padded_prompt_tokens"] += n * width
+        stats["decode_steps"] += t + 1
+        stats["prefill_s"] += prefilled - start
+        stats["decode_s"] += time.monotonic() - prefilled
+        stats["queue_wait_s"] += sum(start - r.queued for r in reqs)
         self.generate_calls += 1
         self.last_batch_size = n
         return [self._choice(r, new[i], new_lp[i], forced[i]) for i, r in enumerate(reqs)]

@@ -237,6 +237,7 @@ def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
 async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
     t0 = time.monotonic()
+    decode_before = dict(getattr(trainer.policy, "decode_stats", None) or {}) or None
     mine = distributed.shard(batch)  # this rank's groups (all of them in one process)
     worker_stats = None
     with log_tool_calls(phase=f"step {step + 1}"):
@@ -289,6 +290,8 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     rec["seconds"] = round(time.monotonic() - t0, 1)
     rec["rollout_seconds"] = round(rollout_s, 1)  # the rest is rewards and the update
     rec["generate_calls"] = getattr(trainer.policy, "generate_calls", None)  # cumulative: batched decodes so far
+    if decode_before is not None:  # this step's sampling profile (LocalPolicy.decode_stats)
+        rec["decode"] = {k: round(v - decode_before[k], 3) for k, v in trainer.policy.decode_stats.items()}
     return rec
 
 

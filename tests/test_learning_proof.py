@@ -55,6 +55,7 @@ def test_two_runs_side_by_side_pause_at_the_deadline_and_resume_to_the_end(tmp_p
         results = tmp_path / "out" / "learning" / name
         proof = json.loads((results / "proof.json").read_text())
         assert proof["steps"] == 6 and {"base", "warm_start"} <= set(proof["comparisons"])
+        assert "Sampling over the GRPO steps: prefill" in (results / "proof.md").read_text()
         assert json.loads((results / "config.json").read_text())["train"]["seed"] == seed
         assert len(list(results.glob("timings-call*.json"))) == 2 and not (results / "checkpoints").exists()
         trained = gzip.decompress((results / "eval_trained.jsonl.gz").read_bytes()).decode().splitlines()

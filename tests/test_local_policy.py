@@ -139,6 +139,11 @@ async def test_batched_generation_matches_one_at_a_time(tok, tiny, tool_prefix):
     policy = LocalPolicy(tiny, tok, tool_prefix=tool_prefix)
     batched = await asyncio.gather(*[policy.complete(m, [], max_tokens=8, temperature=0) for m in CONVERSATIONS])
     assert (policy.generate_calls, policy.last_batch_size) == (1, 3)
+    stats = policy.decode_stats  # the sampling profile pipeline.train_step logs per step
+    lengths = [len(policy.tokenizer.apply_chat_template(m, add_generation_prompt=True, return_dict=False)) +
+               len(policy._prefix_ids) * tool_prefix for m in CONVERSATIONS]
+    assert (stats["rows"], stats["prompt_tokens"], stats["padded_prompt_tokens"]) == (3, sum(lengths), 3 * max(lengths))
+    assert 1 <= stats["decode_steps"] <= 8 and stats["prefill_s"] > 0 and stats["decode_s"] > 0
     alone = [await policy.complete(m, [], max_tokens=8, temperature=0) for m in CONVERSATIONS]
     for b, a, messages in zip(batched, alone, CONVERSATIONS):
         assert ids_of(b) == ids_of(a) and b.message.content == a.message.content

@@ -92,6 +92,7 @@ async def test_zero_variance_groups_are_skipped_and_logged(tmp_path, monkeypatch
     assert rec["groups_skipped"] == 2 and rec["groups_trained"] == 0
     assert all("rewards =" in reason for reason in rec["skipped"])
     assert "loss" not in rec
+    assert rec["decode"]["rows"] >= 4 and rec["decode"]["padded_prompt_tokens"] >= rec["decode"]["prompt_tokens"] > 0
 
 
 def test_existing_run_needs_resume(tmp_path):
