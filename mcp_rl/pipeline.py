@@ -230,13 +230,26 @@ def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
     trainer.save(run_dir / "checkpoints" / f"step-{state['step']:04d}")
     write_json_atomic(run_dir / "state.json", state)
     write_json_atomic(run_dir / "metrics.jsonl", state["history"])
-    for old in sorted((run_dir / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
+    steps = sorted((p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()),
+                   key=lambda p: int(p.name[5:]))  # by number: "step-10000" sorts before "step-9999" as text
+    for old in steps[:-2]:  # keep the last two
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _seed_sampling(seed: int, step: int) -> None:
+    """torch's generator (LocalPolicy samples with it) from (seed, step): a resumed run draws as the
+    uninterrupted one would, as far as the batches' composition allows. No torch (a remote policy): nothing."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.manual_seed(seed * 1_000_003 + step)
 
 
 async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
     t0 = time.monotonic()
+    _seed_sampling(cfg.train.seed, step)
     decode_before = dict(getattr(trainer.policy, "decode_stats", None) or {}) or None
     mine = distributed.shard(batch)  # this rank's groups (all of them in one process)
     worker_stats = None
@@ -295,9 +308,23 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     return rec
 
 
+async def _periodic_eval(trainer, server, val, cfg: Config, run_dir: Path, state: dict) -> None:
+    """Evaluate `val` after the recorded step; its record gets `<split>_success` (rank 0 evaluates)."""
+    step, split = state["step"], cfg.train.eval_every_split
+    res = await evaluate_policy(trainer.policy, server, val, cfg, f"{split}_step{step}",
+                                run_dir) if distributed.is_main() else None  # the others wait
+    state["history"][-1][f"{split}_success"] = distributed.broadcast_object(res and res.success_rate, f"{split} {step}")
+    state.pop("pending_eval", None)
+    if distributed.is_main():
+        write_json_atomic(run_dir / "state.json", state)
+        write_json_atomic(run_dir / "metrics.jsonl", state["history"])
+
+
 async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: dict, val=()) -> dict:
     """Steps `state["step"]`..`cfg.train.steps`, each committed by an atomic checkpoint; every
     `eval_every` steps `val` (the scenarios of `periodic_scenarios`) is evaluated."""
+    if state.get("pending_eval") == state["step"] and val:  # stopped during it: the curve keeps its point
+        await _periodic_eval(trainer, server, val, cfg, run_dir, state)
     while state["step"] < cfg.train.steps:
         step = state["step"]
         batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
@@ -305,15 +332,12 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
         state["step"] = step + 1
         state["history"].append(rec)
         distributed.check_same(trainer, f"after step {step + 1}")
+        due = bool(cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val)
+        if due:
+            state["pending_eval"] = step + 1
         _checkpoint(trainer, run_dir, state)  # the step is committed before its (long) periodic evaluation
-        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val:
-            split = cfg.train.eval_every_split
-            res = await evaluate_policy(trainer.policy, server, val, cfg, f"{split}_step{step + 1}",
-                                        run_dir) if distributed.is_main() else None  # the others wait
-            rec[f"{split}_success"] = distributed.broadcast_object(res and res.success_rate, f"{split} {step + 1}")
-            if distributed.is_main():
-                write_json_atomic(run_dir / "state.json", state)
-                write_json_atomic(run_dir / "metrics.jsonl", state["history"])
+        if due:
+            await _periodic_eval(trainer, server, val, cfg, run_dir, state)
         _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
              f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "
              f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s"

@@ -19,6 +19,7 @@ silently. `open_run(cfg, fresh=True)` starts a new folder beside an existing run
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from . import distributed, pipeline
 from .audit import TOOL_CALLS, log_tool_calls
 from .config import Config, redacted
 from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
+from .guard import short
 
 # Trainers loaded in this process, by run folder: a notebook cell run twice reuses the model
 # (and, for ART, the vLLM server already on the GPU) instead of loading a second copy.
@@ -55,11 +57,47 @@ def _make_room(key: str, backend: str) -> None:
             torch.cuda.empty_cache()
 
 
+def _seed_torch(seed: int) -> None:
+    try:
+        import torch
+    except ImportError:  # a remote policy only: no weights to initialise here
+        return
+    torch.manual_seed(seed)
+
+
+# What may change when a run resumes: its length, the periodic evaluation's cadence, where servers,
+# workers and the judge live, and memory or speed knobs that leave the update's math as it was.
+# Any other field shapes what is learned or measured, and a change to it is refused.
+RESUMABLE_CHANGES = {
+    "out", "server", "server_token", "rollout_workers", "worker_token", "policy_port", "policy_batch",
+    "rollout.call_timeout", "rollout.timeout", "rollout.concurrency",
+    "reward.judge_base_url", "reward.judge_api_key", "reward.judge_retries", "reward.judge_backoff_s",
+    "reward.judge_timeout_s",
+    "train.steps", "train.eval_every", "train.eval_every_split", "train.eval_every_scenarios",
+    "train.micro_batch_size", "train.micro_batch_tokens", "train.logprob_chunk_size", "train.gradient_checkpointing",
+    "train.precision",
+}
+
+
+def _said(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 30 else text[:30] + "…"
+
+
+def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b, name = old.get(k), new.get(k), prefix + k
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changes(a, b, name + ".")
+        elif a != b and name not in RESUMABLE_CHANGES and k in old:  # a field new since then: no record
+            out.append(f"{name}: {_said(a)} -> {_said(b)}")
+    return out
+
+
 def _state(run_dir: Path) -> dict:
     path = run_dir / "state.json"
     if path.exists():
-        import json
-
         state = json.loads(path.read_text())
         state.setdefault("evals", {})
         return state
@@ -94,10 +132,7 @@ class Run:
         trainer = trainer or self._trainer or _LOADED.get(key)
         if trainer is None:
             _make_room(key, self.cfg.train.backend)
-            if distributed.active():  # the same LoRA init on every rank (check_same below verifies it)
-                import torch
-
-                torch.manual_seed(self.cfg.train.seed)
+            _seed_torch(self.cfg.train.seed)  # the LoRA init follows train.seed (the same on every rank)
             trainer = pipeline.build_trainer(self.cfg)
             if hasattr(trainer, "register"):  # ART: starts vLLM and Unsloth on the GPU
                 await trainer.register()
@@ -105,9 +140,11 @@ class Run:
         # A trainer counts updates (a step whose groups all tied makes none); the run counts steps.
         synced = getattr(trainer, "_run_key", None) == key and getattr(trainer, "_run_step", None) == self.step
         if self.state["phase"] in ("new", "base_done"):
-            if trainer.step != 0:
-                raise ValueError(f"the run has not trained yet but the trainer is at step {trainer.step}: it is not "
-                                 f"the base model. Build a fresh trainer, or open_run(cfg, fresh=True)")
+            if trainer.step != 0 or getattr(trainer, "sft_steps", 0):
+                raise ValueError(f"the run has not trained yet but the trainer has ({trainer.step} GRPO, "
+                                 f"{getattr(trainer, 'sft_steps', 0)} warm-start updates; a warm start stopped before "
+                                 "its commit leaves them): it is not the base model. Restart the runtime (a fresh "
+                                 "trainer), or open_run(cfg, fresh=True)")
         elif ckpt.exists() and not synced:
             record = trainer.load(ckpt) or {}
             print(f"trainer: loaded {ckpt}")
@@ -185,7 +222,8 @@ class Run:
         if self.state["phase"] != "base_done":
             print(f"warm start: already done in this run (phase {self.state['phase']}, step {self.step})")
             return None
-        rec = None
+        rec, train = None, self._pin_train(train)
+        trainer._run_step = None  # until the commit below: stopped midway, this trainer is no base model
         if self.cfg.train.warm_start_scenarios:
             with log_tool_calls(self._tool_log):
                 rec = {"step": 0, "phase": "warm_start", **await pipeline.warm_start(trainer, server, train, self.cfg)}
@@ -194,7 +232,27 @@ class Run:
             print("warm start: none for this config (train.warm_start_scenarios = 0)")
         self.state["phase"] = "training"
         pipeline._checkpoint(trainer, self.dir, self.state)
+        trainer._run_step = self.step
         return rec
+
+    def _pin_train(self, train: list) -> list:
+        """The training scenarios this run started with, in that order, whatever list a later call brings
+        (a notebook cell that wrote more LLM tasks): step batches are drawn from the list's order."""
+        ids, pinned = [s.id for s in train], self.state.get("train_ids")
+        if pinned is None:
+            self.state["train_ids"] = ids
+            return list(train)
+        if ids == pinned:
+            return list(train)
+        by_id = {s.id: s for s in train}
+        missing = [i for i in pinned if i not in by_id]
+        if missing:
+            raise ValueError(f"{self.dir}: {len(missing)} of the {len(pinned)} training scenarios this run started "
+                             f"with are not in the list given (e.g. {short(missing[0], 60)}); pass them again, or "
+                             "open_run(cfg, fresh=True) starts a new run")
+        print(f"train: this run keeps the {len(pinned)} training scenarios it started with; "
+              f"{len(by_id) - len(pinned)} others given now are left out")
+        return [by_id[i] for i in pinned]
 
     async def train(self, server, train, val=(), test=()) -> dict:
         """GRPO steps from the recorded step to `cfg.train.steps` (nothing to do once there).
@@ -211,6 +269,8 @@ class Run:
         elif self.step:
             print(f"train: resuming at step {self.step} of {self.cfg.train.steps}")
         self.state["phase"] = "training"
+        train = self._pin_train(train)
+        trainer._run_step = None  # a step stopped midway may have updated it: the next trainer() reloads
         with log_tool_calls(self._tool_log):
             periodic = pipeline.periodic_scenarios(self.cfg, val, test)
             self.state = await pipeline.train_loop(trainer, server, train, self.cfg, self.dir, self.state, periodic)
@@ -242,6 +302,12 @@ def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True) -> Run:
     run = Run(cfg)
     run.state = distributed.broadcast_object(run.state, "run state")  # rank 0's record, on every rank
     if holds_run and run.state["phase"] != "new":
+        recorded = out / "config.json"
+        changed = _changes(json.loads(recorded.read_text()), redacted(cfg)) if recorded.exists() else []
+        if changed:
+            raise ValueError(f"{out} was recorded with other settings ({'; '.join(changed[:4])}"
+                             f"{f'; {len(changed) - 4} more' if len(changed) > 4 else ''}): resuming would mix two "
+                             "runs. Set them back, or start a new run (fresh=True, FRESH_RUN = True, or another --out)")
         print(f"run {out}: resuming the recorded run at step {run.step} (phase {run.state['phase']}); "
               f"FRESH_RUN / fresh=True starts a new folder")
     else:

@@ -77,6 +77,10 @@ def _parse(data: Any) -> tuple[list[Scenario], int, dict, RolloutConfig]:
     if not isinstance(policy, dict) or not str(policy.get("base_url", "")).startswith(("http://", "https://")) \
             or not isinstance(policy.get("model"), str):
         raise ValueError(f"policy must be {{'base_url': 'http://...', 'model': NAME, 'step': N}}, got {short(policy)}")
+    for key, kind in (("timeout", float), ("step", int)):
+        value = policy.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"policy.{key} must be a number, got {short(value)}")
     try:
         parsed = [Scenario(**s) for s in scenarios]
         tool_policy = ToolPolicy(**(data.get("tool_policy") or {}))
@@ -115,8 +119,8 @@ def worker_app(server: Any, *, token: str | None = None, max_body_bytes: int = 1
             scenarios, size, p, cfg = _parse(json.loads(body))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return _bad(400, f"the body is not valid JSON ({type(e).__name__}): {short(body.decode('utf-8', 'replace'))}")
-        except ValueError as e:
-            return _bad(400, f"invalid rollout request: {e}")
+        except ValueError as e:  # a Scenario's own check may quote a whole field: cut it
+            return _bad(400, f"invalid rollout request: {short(str(e), 300)}")
         policy = OpenAIPolicy(p["model"], base_url=p["base_url"], api_key=str(p.get("api_key") or "none"),
                               timeout=float(p.get("timeout") or cfg.timeout))
         policy.step = int(p.get("step") or 0)  # trajectories record the trainer's step, as local ones do

@@ -266,3 +266,24 @@ async def test_a_rollout_cut_short_by_the_endpoint_is_left_out_of_its_group(tmp_
     rec = state["history"][-1]
     assert rec["failed_outside_policy"] == 1 and rec["groups_trained"] == 0 and trainer.trained == []
     assert rec["success_rate"] == 1.0  # the two left, both right; the failed one is not counted
+
+
+async def test_a_periodic_evaluation_stopped_midway_runs_on_resume(tmp_path, company_db):
+    """The step is committed before its evaluation; a stop during the evaluation lost the curve's point
+    for good (found by review). The commit now records it as owed, and the resumed loop runs it first."""
+    from mcp_server import build_server
+
+    from mcp_rl.policy import DemonstrationPolicy
+
+    cfg = apply_overrides(preset("cpu"), ["train.steps=1", "train.eval_every=1", "train.eval_every_split=test",
+                                          "train.eval_every_scenarios=1", "train.warm_start_scenarios=0"])
+    train, _, test = pipeline.load_splits(cfg)
+
+    class Trainer:
+        policy = DemonstrationPolicy(test)
+
+    state = {"step": 1, "history": [{"step": 1}], "pending_eval": 1}  # as a stop during step 1's evaluation left it
+    state = await pipeline.train_loop(Trainer(), build_server(company_db), train, cfg, tmp_path, state,
+                                      pipeline.periodic_scenarios(cfg, [], test))
+    assert state["history"][-1]["test_success"] == 1.0 and "pending_eval" not in state
+    assert (tmp_path / "eval_test_step1.jsonl").exists()

@@ -13,6 +13,7 @@ from mcp_rl.config import apply_overrides, preset
 from mcp_rl.launch import HttpServer, company_server_command
 from mcp_rl.guard import SideEffectsRefused
 from mcp_rl.runs import _LOADED, open_run, run
+from mcp_rl.scenarios import Scenario
 
 
 @pytest.fixture
@@ -166,7 +167,7 @@ def test_train_evaluates_the_split_the_config_names(tmp_path, monkeypatch):
         return state
 
     monkeypatch.setattr(pipeline, "train_loop", loop)
-    asyncio.run(r.train("server", ["a train scenario"], ["v1", "v2"], ["t1", "t2"]))
+    asyncio.run(r.train("server", [Scenario(id="s1", task="q")], ["v1", "v2"], ["t1", "t2"]))
     assert seen["periodic"] == ["t1"]  # the test split, cut to eval_every_scenarios: not the val list given
 
 
@@ -214,3 +215,89 @@ def test_a_second_art_model_in_one_process_is_refused_before_it_loads(tmp_path, 
     monkeypatch.setattr(pipeline, "build_trainer", lambda cfg: type("T", (), {"step": 0})())
     asyncio.run(open_run(config(tmp_path / "third")).trainer())  # a portable run: the other portable one is let go
     assert not any(k.startswith(str(tmp_path / "cpu")) for k in _LOADED) and len(_LOADED) == 2
+
+
+# ---- resuming safely (found by review, session 11) ---------------------------------------
+def _recorded(tmp_path, phase="training", step=1):
+    cfg = config(tmp_path / "run")
+    r = open_run(cfg)
+    r.state.update(phase=phase, step=step)
+    r._commit()
+    return cfg
+
+
+@pytest.mark.parametrize("change, refused", [
+    ("train.steps=5", None), ("train.eval_every=2", None), ("rollout.concurrency=4", None),
+    ("train.learning_rate=0.5", "train.learning_rate: 0.0001 -> 0.5"), ("train.seed=3", "train.seed: 0 -> 3"),
+    ("train.groups_per_step=4", "train.groups_per_step"), ("train.eval_scenarios=9", "train.eval_scenarios"),
+])
+def test_a_resume_with_settings_that_shape_the_run_is_refused(tmp_path, change, refused):
+    cfg = apply_overrides(_recorded(tmp_path), [change])
+    if refused is None:
+        assert open_run(cfg).step == 1
+    else:
+        with pytest.raises(ValueError, match="recorded with other settings") as e:
+            open_run(cfg)
+        assert refused in str(e.value) and "fresh=True" in str(e.value)
+        assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["seed"] == 0  # record kept
+
+
+def test_a_resume_trains_on_the_list_it_started_with(tmp_path):
+    r = open_run(config(tmp_path / "run"))
+    first = [Scenario(id=f"s{i}", task="q") for i in range(4)]
+    assert [s.id for s in r._pin_train(first)] == ["s0", "s1", "s2", "s3"]
+    more = [Scenario(id="new", task="q")] + first[::-1]  # a cell that wrote more tasks, in another order
+    assert [s.id for s in r._pin_train(more)] == ["s0", "s1", "s2", "s3"]
+    with pytest.raises(ValueError, match="1 of the 4 training scenarios"):
+        r._pin_train(first[:3])
+
+
+def test_a_trainer_left_midway_is_not_reused(tmp_path, monkeypatch):
+    """A step (or warm start) that updated the weights and then failed before its commit: the next
+    `run.trainer()` must not take that trainer as the one at the recorded step."""
+    import asyncio
+
+    cfg = _recorded(tmp_path, phase="training", step=0)
+
+    class Trainer:
+        step, sft_steps, loads = 0, 0, 0
+
+        def load(self, path):
+            Trainer.loads += 1
+
+        def save(self, path):
+            path.mkdir(parents=True, exist_ok=True)
+
+    (tmp_path / "run" / "checkpoints" / "step-0000").mkdir(parents=True)
+    r = open_run(cfg)
+    trainer = asyncio.run(r.trainer(Trainer()))
+    assert Trainer.loads == 1
+    asyncio.run(r.trainer(trainer))
+    assert Trainer.loads == 1  # synced: reused as it is
+
+    async def fails(*a, **k):
+        trainer.step += 1  # the update happened, then the step failed before its commit
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pipeline, "train_loop", fails)
+    with pytest.raises(OSError):
+        asyncio.run(r.train("server", [Scenario(id="s1", task="q")]))
+    asyncio.run(r.trainer(trainer))
+    assert Trainer.loads == 2  # reloaded from the recorded checkpoint, not reused
+
+    dirty = Trainer()
+    dirty.sft_steps = 8  # a warm start that stopped before its commit
+    base = open_run(apply_overrides(config(tmp_path / "other"), []))
+    base.state["phase"] = "base_done"
+    with pytest.raises(ValueError, match="8 warm-start updates"):
+        asyncio.run(base.trainer(dirty))
+
+
+def test_checkpoints_are_pruned_by_number(tmp_path):
+    class Trainer:
+        def save(self, path):
+            path.mkdir(parents=True)
+
+    for step in (9998, 9999, 10000):
+        pipeline._checkpoint(Trainer(), tmp_path, {"step": step, "history": []})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-10000", "step-9999"]

@@ -113,6 +113,9 @@ GOOD = {"scenarios": [{"id": "a", "task": "t"}], "group_size": 1,
     ({**GOOD, "rollout": {"nope": 1}}, 400, "nope"),
     ({**GOOD, LONG: 1}, 400, "unknown field"),  # a long field name is quoted as a prefix
     ({**GOOD, "tool_policy": {"allow": ["ok", "", LONG]}}, 400, "tool names"),
+    ({**GOOD, "scenarios": [{"id": LONG, "task": ""}]}, 400, "invalid rollout request"),  # Scenario's own check
+    ({**GOOD, "policy": {**GOOD["policy"], "timeout": "soon"}}, 400, "policy.timeout must be a number"),
+    ({**GOOD, "policy": {**GOOD["policy"], "step": "x"}}, 400, "policy.step must be a number"),
 ])
 def test_bad_requests_get_a_short_4xx(workers, body, status, says):
     _, url = workers[0]
