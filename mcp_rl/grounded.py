@@ -60,8 +60,12 @@ def _p(**kw) -> dict:
     return {**kw, **{f"q_{k}": q(v) for k, v in kw.items() if isinstance(v, str)}}
 
 
+_NULLS = {"", "none", "null", "nan"}  # how servers print SQL NULL as text (str(None), psql's empty cell)
+
+
 def _answer(rows: list[list], shape: str, expect: int | None):
-    """The checkable answer of a result, or None when it would be ambiguous or empty."""
+    """The checkable answer of a result, or None when it would be ambiguous or empty (a NULL included)."""
+    rows = [[None if isinstance(v, str) and v.strip().lower() in _NULLS else v for v in r] for r in rows]
     if shape == "list":
         items = [r[0] for r in rows]
         ok = 0 < len(items) <= MAX_LIST and None not in items and (expect is None or len(items) == expect)
@@ -302,6 +306,7 @@ async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
     out: list[Scenario] = []
     seen: set[str] = set()
     refused: set[str] = set()
+    failed: set[str] = set()
     while len(out) < n and any(qs for _, qs in queues):
         for t, qs in queues:
             if not qs or len(out) >= n:
@@ -313,9 +318,16 @@ async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
                 continue
             try:
                 rows, sql = await _reference_rows(session, sql, tool)
-            except SQLToolError as e:
-                log.warning("skipping template %s: the server refused its query (%s)", t.name, e)
-                refused.add(t.name)
+            except SQLToolError as e:  # refused twice: the template itself does not suit this server
+                if t.name in failed:
+                    log.warning("skipping template %s: the server refused its queries twice (%s)", t.name, e)
+                    refused.add(t.name)
+                else:
+                    log.warning("skipping one %s question: the server refused its query (%s)", t.name, e)
+                    failed.add(t.name)
+                continue
+            except ValueError as e:  # a result that reads as no table (a timeout notice, a truncated page)
+                log.warning("skipping one %s question: its result could not be read (%s)", t.name, str(e)[:200])
                 continue
             answer = _answer(rows, t.shape, params.get("expect"))
             if answer is None:

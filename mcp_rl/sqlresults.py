@@ -53,23 +53,32 @@ def short(text: str, n: int = 120) -> str:
     return repr(text[:n] + ("..." if len(text) > n else ""))
 
 
+_ERROR_KEYS = {"error", "errors", "message", "detail", "status", "code"}
+
+
 def error_text(text: str) -> str | None:
     """The error message in a tool result that is an error in disguise, else None.
 
     Covers "Error: ...", "Database error: ...", "sqlite3.OperationalError: ...",
-    "Query failed: ...", tracebacks, and JSON such as {"error": "..."} or {"success": false}.
+    "Query failed: ...", tracebacks, and JSON such as {"error": "..."}, [{"error": "..."}],
+    {"detail": "..."}, {"status": "error", ...} or {"success": false}.
     """
     text = text.strip()
     if _ERROR_LINE.match(text):
         return text
-    if text[:1] == "{":
+    if text[:1] in "{[":
         try:
             data = json.loads(text)
         except ValueError:
             return None
+        if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict) \
+                and set(data[0]) <= _ERROR_KEYS:  # [{"error": "..."}]: one row that is only an error
+            data = data[0]
         if isinstance(data, dict) and (data.get("error") or data.get("errors") or data.get("isError")
-                                       or data.get("success") is False or data.get("ok") is False):
-            return str(data.get("error") or data.get("errors") or data.get("message") or text)
+                                       or data.get("success") is False or data.get("ok") is False
+                                       or str(data.get("status", "")).lower() in ("error", "fail", "failed")
+                                       or (data and set(data) <= {"message", "detail"})):
+            return str(data.get("error") or data.get("errors") or data.get("message") or data.get("detail") or text)
     return None
 
 

@@ -244,3 +244,22 @@ def test_find_sql_tool_never_picks_a_write_tool(tools, found):
     schemas = [{"type": "function", "function": {"name": n, "parameters": {"properties": {a: {"type": "string"}}}}}
                for n, a in tools]
     assert find_sql_tool(schemas) == found
+
+
+async def test_an_unreadable_result_skips_one_question_not_the_run(db_copy, monkeypatch):
+    """A server that answered one reference query with a notice ("Query interrupted; try a smaller
+    query") aborted the whole run, losing every scenario computed so far (found by review)."""
+    from mcp_rl import grounded
+
+    real, calls = grounded._reference_rows, []
+
+    async def flaky(session, sql, tool):
+        calls.append(sql)
+        if len(calls) == 1:
+            raise ValueError("cannot read this SQL result as a table: 'Query interrupted; try a smaller query'")
+        return await real(session, sql, tool)
+
+    monkeypatch.setattr(grounded, "_reference_rows", flaky)
+    async with ToolSession(format_server(db_copy, "json")) as s:
+        got = await grounded_scenarios(s, 20, seed=0)
+    assert len(got) == 20 and len(calls) > 20

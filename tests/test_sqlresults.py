@@ -127,9 +127,28 @@ def test_parse_table_flags_cut_results(text):
     ("[{'error': 'none'}]", False),
     ('{"error": null, "rows": []}', False),
     (format_table(["status"], [("failed: 3",)], 200), False),
+    # found by review: these became verified answers ("interrupted", "permission denied ...")
+    ('[{"error": "interrupted"}]', True),
+    ('{"detail": "permission denied for table orders"}', True),
+    ('{"message": "Query timed out"}', True),
+    ('{"status": "error", "message": "x"}', True),
+    ('[{"status": "active"}]', False),                                 # one row of a status column
+    ('[{"id": 1, "message": "hi"}]', False),
 ])
 def test_error_text_spots_errors_sent_as_results(text, is_error):
     assert (error_text(text) is not None) is is_error
+
+
+@pytest.mark.parametrize("rows, shape, answer", [
+    ([["None"]], "scalar", None), ([[""]], "scalar", None), ([["NULL"]], "one", None),
+    ([["a"], ["null"]], "list", None), ([["42"]], "scalar", 42), ([["Sales"]], "one", "Sales"),
+])
+def test_a_null_printed_as_text_is_no_answer(rows, shape, answer):
+    """An all-NULL aggregate printed as 'None' or an empty cell was stored as the verified answer, and
+    the model then rewarded for repeating it (found by review)."""
+    from mcp_rl.grounded import _answer
+
+    assert _answer(rows, shape, None) == answer
 
 
 @pytest.mark.parametrize("cell, value", [
