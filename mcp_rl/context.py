@@ -188,11 +188,12 @@ async def run_sql(session, sql: str, sql_tool: tuple[str, str] = ("run_query", "
     return (await query_table(session, sql, sql_tool))[1]
 
 
-async def run_sql_all(session, sql: str, sql_tool: tuple[str, str], page: int = 50) -> list[list[Any]]:
+async def run_sql_all(session, sql: str, sql_tool: tuple[str, str], page: int = 50,
+                      max_pages: int = 1000) -> list[list[Any]]:
     """All rows of `sql`, fetched in pages so no result is cut by the server's or client's size limits
     (a page that still comes back cut is fetched again at half the size)."""
     rows: list[list[Any]] = []
-    while True:
+    for _ in range(max_pages):
         try:
             chunk = await run_sql(session, f"SELECT * FROM ({sql}) LIMIT {page} OFFSET {len(rows)}", sql_tool)
         except TruncatedResult:
@@ -200,9 +201,12 @@ async def run_sql_all(session, sql: str, sql_tool: tuple[str, str], page: int = 
                 raise
             page //= 2
             continue
+        if len(chunk) > page:  # a tool that ignores LIMIT (a search tool) would page forever
+            raise ValueError(f"{sql_tool[0]} returned {len(chunk)} rows for LIMIT {page}: it does not run SQL")
         rows += chunk
         if len(chunk) < page:
             return rows
+    raise ValueError(f"{sql_tool[0]}: still more rows after {max_pages} pages of {sql[:60]!r}")
 
 
 def quote_ident(name: str) -> str:
@@ -227,7 +231,25 @@ async def _columns(session, sql_tool, table: str) -> list[tuple[str, str]]:
     raise last
 
 
+async def _answers_sql(session, sql_tool) -> bool:
+    """Whether the tool runs SQL: `SELECT 1 AS mcp_rl_probe` must come back as exactly that one cell.
+    A `query` argument alone does not make a database (search tools have one too)."""
+    try:
+        header, rows = await query_table(session, "SELECT 1 AS mcp_rl_probe", sql_tool)
+    except Exception as e:  # noqa: BLE001 - whatever a non-SQL tool does with SQL, it is no database
+        log.info("%s does not answer SQL (%s)", sql_tool[0], str(e)[:200])
+        return False
+    return header == ["mcp_rl_probe"] and len(rows) == 1 and str(rows[0][0]).strip() == "1"
+
+
 async def _schema(session, sql_tool) -> list[Table]:
+    tables = await _schema_rows(session, sql_tool)
+    if not all(isinstance(t.name, str) and all(isinstance(c, str) for c, _ in t.columns) for t in tables):
+        raise ValueError("the schema query returned names that are not text")
+    return tables
+
+
+async def _schema_rows(session, sql_tool) -> list[Table]:
     try:  # SQLite
         names = [r[0] for r in await run_sql_all(session, "SELECT name FROM sqlite_master WHERE type = 'table' "
                                                           "AND name NOT LIKE 'sqlite_%' ORDER BY name", sql_tool)]
@@ -239,7 +261,15 @@ async def _schema(session, sql_tool) -> list[Table]:
         for t, c, ty in rows:
             by.setdefault(t, []).append((c, ty or ""))
         return [Table(t, cols) for t, cols in by.items()]
-    return [Table(n, await _columns(session, sql_tool, n)) for n in names]
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError("the schema query returned table names that are not text")
+    tables = []
+    for n in names:
+        try:
+            tables.append(Table(n, await _columns(session, sql_tool, n)))
+        except (SQLToolError, ValueError) as e:  # one table the server refuses: the others stay
+            log.warning("table %s left out of the context: %s", n, str(e)[:200])
+    return tables
 
 
 async def collect_context(session, *, sample_rows: int = 3, max_resource_chars: int = 8000) -> ServerContext:
@@ -262,19 +292,26 @@ async def collect_context(session, *, sample_rows: int = 3, max_resource_chars: 
     ctx = ServerContext(tools=tools, resources=resources, sql_tool=find_sql_tool(tools))
     if ctx.sql_tool is None:
         return ctx
+    if not await _answers_sql(session, ctx.sql_tool):
+        return ctx
     try:
-        ctx.tables = await _schema(session, ctx.sql_tool)
-        for t in ctx.tables:
+        tables = await _schema(session, ctx.sql_tool)
+    except Exception as e:  # noqa: BLE001 - it ran SELECT 1 but not a schema query: no schema to give
+        log.warning("%s runs SQL but its schema could not be read (%s); treating the server as non-SQL",
+                    ctx.sql_tool[0], str(e)[:200])
+        return ctx
+    for t in tables:  # one table the server refuses (permissions) is left out, not the whole schema
+        try:
             n = (await run_sql(session, f"SELECT COUNT(*) FROM {quote_ident(t.name)}", ctx.sql_tool))[0][0]
-            t.rows = number_or_text(n.strip()) if isinstance(n, str) else n
-            try:  # samples are a nicety: one odd value (a '|' inside a text cell) must not hide the schema
-                header, rows = await query_table(session, f"SELECT * FROM {quote_ident(t.name)} LIMIT {sample_rows}",
-                                                 ctx.sql_tool)
-                t.samples = [dict(zip(header, r)) for r in rows]
-            except ValueError as e:
-                log.info("no sample rows for %s: %s", t.name, e)
-    except (SQLToolError, ValueError, IndexError) as e:
-        # A `query` argument does not make a SQL database (a search tool has one too).
-        log.info("%s does not answer SQL (%s); treating the server as non-SQL", ctx.sql_tool[0], e)
-        ctx.tables = []
+        except (SQLToolError, ValueError, IndexError) as e:
+            log.warning("table %s left out of the context: %s", t.name, str(e)[:200])
+            continue
+        t.rows = number_or_text(n.strip()) if isinstance(n, str) else n
+        try:  # samples are a nicety: one odd value (a '|' inside a text cell) must not hide the schema
+            header, rows = await query_table(session, f"SELECT * FROM {quote_ident(t.name)} LIMIT {sample_rows}",
+                                             ctx.sql_tool)
+            t.samples = [dict(zip(header, r)) for r in rows]
+        except (SQLToolError, ValueError) as e:
+            log.info("no sample rows for %s: %s", t.name, e)
+        ctx.tables.append(t)
     return ctx

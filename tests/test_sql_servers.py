@@ -263,3 +263,40 @@ async def test_an_unreadable_result_skips_one_question_not_the_run(db_copy, monk
     async with ToolSession(format_server(db_copy, "json")) as s:
         got = await grounded_scenarios(s, 20, seed=0)
     assert len(got) == 20 and len(calls) > 20
+
+
+async def test_a_search_tool_with_a_query_argument_is_no_database():
+    """A `query` argument made `find_files` look like SQL: the schema query paged forever over its 60
+    paths (found by review). `SELECT 1` must come back as one cell first."""
+    mcp = FastMCP("files")
+    calls = []
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    def find_files(query: str) -> list[str]:
+        """Find files whose name matches a query."""
+        calls.append(query)
+        return [f"src/mod{i}.py" for i in range(60)]
+
+    async with ToolSession(mcp, policy=ToolPolicy()) as s:
+        ctx = await collect_context(s)
+    assert not ctx.is_sql and len(calls) == 1
+
+
+async def test_a_table_the_server_refuses_is_left_out_not_the_schema():
+    """One table off limits made the whole server 'non-SQL' (found by review)."""
+    db = sqlite3.connect(":memory:", check_same_thread=False)
+    db.executescript("CREATE TABLE orders(id INTEGER PRIMARY KEY, item TEXT); INSERT INTO orders(item) VALUES ('pen');"
+                     "CREATE TABLE api_keys(id INTEGER PRIMARY KEY, key TEXT);")
+    mcp = FastMCP("shop")
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    def run_query(sql: str) -> str:
+        """Run a read-only SQL query. The api_keys table is off limits."""
+        if re.search(r"\bapi_keys\b", sql):
+            return "Error: access to table api_keys is denied"
+        cur = db.execute(sql)
+        return json.dumps([dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()])
+
+    async with ToolSession(mcp, policy=ToolPolicy()) as s:
+        ctx = await collect_context(s)
+    assert ctx.is_sql and [t.name for t in ctx.tables] == ["orders"] and ctx.tables[0].rows == 1
