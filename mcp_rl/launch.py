@@ -64,6 +64,13 @@ class HttpServer:
         self.proc = subprocess.Popen(
             [*self.argv, "--transport", "http", "--host", "127.0.0.1", "--port", str(self.port)],
             env=env, stdout=subprocess.DEVNULL, stderr=self._log, text=True)
+        try:
+            return self._wait_listening()
+        except BaseException:  # a failed start, or Ctrl-C / a cancelled task while waiting: no orphan
+            self.stop()
+            raise
+
+    def _wait_listening(self) -> "HttpServer":
         deadline = time.monotonic() + self.startup_timeout
         while True:
             if self.proc.poll() is not None:
@@ -75,7 +82,6 @@ class HttpServer:
                 return self
             except OSError:
                 if time.monotonic() > deadline:
-                    self.stop()
                     raise RuntimeError(f"MCP server {self.argv} did not listen on port {self.port} "
                                        f"within {self.startup_timeout:.0f} s")
                 time.sleep(0.2)
@@ -106,8 +112,8 @@ async def serve_http(argv: list[str], *, port: int | None = None, token: str | N
                      startup_timeout: float = 60.0):
     """Run an HttpServer for the duration of an `async with`; yield its /mcp URL."""
     server = HttpServer(argv, port=port, token=token, startup_timeout=startup_timeout)
-    await asyncio.to_thread(server.start)
     try:
+        await asyncio.to_thread(server.start)  # cancelled while starting: the finally stops it
         yield server.url
     finally:
         server.stop()

@@ -301,3 +301,22 @@ def test_checkpoints_are_pruned_by_number(tmp_path):
     for step in (9998, 9999, 10000):
         pipeline._checkpoint(Trainer(), tmp_path, {"step": step, "history": []})
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-10000", "step-9999"]
+
+
+def test_a_server_interrupted_while_starting_is_not_left_running(monkeypatch):
+    """Ctrl-C (or a cancelled task) during the wait for the port left the child process running
+    (found by review): the start now stops it on any exception."""
+    import socket
+    import sys
+
+    server = HttpServer([sys.executable, "-c", "import time; time.sleep(60)"], startup_timeout=30)
+    calls = []
+
+    def interrupted(*a, **k):
+        calls.append(a)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(socket, "create_connection", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert calls and server.proc.poll() is not None  # stopped, not orphaned
