@@ -127,8 +127,9 @@ class ToolSession:
                      "nothing but MCP messages to stdout" if stdio else
                      "that the server is running, the URL (usually ending in /mcp) and the token")
             msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            auth = "" if stdio else await self._auth_refused()
             raise ServerUnavailable(f"Could not connect to MCP server {describe_spec(self.spec)}: "
-                                    f"{msg}. Check {where}.{tail}") from e
+                                    f"{msg}.{auth} Check {where}.{tail}") from e
         if self.policy is not None:
             try:
                 await self.restrict(self.policy)
@@ -136,6 +137,29 @@ class ToolSession:
                 await self._close_quietly()
                 raise
         return self
+
+    async def _auth_refused(self) -> str:
+        """A sentence when a plain request to the HTTP server is refused for authentication (401/403):
+        the MCP client reports that as a generic error response, which reads like a server fault."""
+        spec = self.spec
+        url = spec.get("url") if isinstance(spec, dict) else spec if isinstance(spec, str) else None
+        token = self._token or (spec.get("token") if isinstance(spec, dict) else None)
+        headers = {"Accept": "application/json, text/event-stream", **(self._headers or {}),
+                   **(spec.get("headers") or {} if isinstance(spec, dict) else {}),
+                   **({"Authorization": f"Bearer {token}"} if token else {})}
+        if not url or not str(url).startswith(("http://", "https://")):
+            return ""
+        try:
+            async with httpx2.AsyncClient(timeout=3.0) as client:
+                r = await client.post(str(url), headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "ping"})
+        except Exception:  # noqa: BLE001 - only a hint: the connection error above says the rest
+            return ""
+        if r.status_code not in (401, 403):
+            return ""
+        scheme = r.headers.get("www-authenticate", "").split(" ")[0][:20]
+        return (f" The server refused the request for authentication (HTTP {r.status_code}"
+                f"{f', {scheme}' if scheme else ''}): " + ("it does not accept the token given." if token else
+                "pass its token (token=... in the spec; notebooks: TOKEN_SECRET)."))
 
     async def _close_quietly(self) -> None:
         client, self._client = self._client, None

@@ -320,3 +320,20 @@ def test_a_server_interrupted_while_starting_is_not_left_running(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         server.start()
     assert calls and server.proc.poll() is not None  # stopped, not orphaned
+
+
+@pytest.mark.parametrize("given, says", [({}, "pass its token"), ({"token": "wrong"}, "does not accept the token")])
+def test_a_server_that_needs_a_token_says_so(company_db, given, says):
+    """A missing or wrong token read as 'Server returned an error response' (found by review)."""
+    import asyncio
+
+    from mcp_rl.connect import ServerUnavailable, ToolSession
+
+    async def connect(url):
+        async with ToolSession(url, connect_timeout=10, **given):
+            pass
+
+    with HttpServer(company_server_command(company_db), token="s3cret") as srv:
+        with pytest.raises(ServerUnavailable, match="refused the request for authentication \\(HTTP 401") as e:
+            asyncio.run(connect(srv.url))
+    assert says in str(e.value) and "s3cret" not in str(e.value)
