@@ -9,7 +9,7 @@ embedded model's training template; Qwen2.5's own, which its runs train with, re
 turns when a system prompt is given): ChatML turns, the tool listing in the system turn,
 assistant tool calls as `<tool_call>` blocks, tool results as `<tool_response>` blocks in a user
 turn. Known differences, all from Ollama writing JSON with Go's encoder: each tool's schema is
-compact (`{"a":1}`, training wrote `{"a": 1}`; keys sorted in both); a past tool call's
+compact (`{"a":1}`, training wrote `{"a": 1}`), in the key order of Ollama's own structs; a past tool call's
 arguments come out in sorted key order (training kept the order the model wrote); and <, >, &
 inside JSON strings become \\u003c, \\u003e, \\u0026.
 tests/test_ollama.py renders both with Go's own text/template and compares.
@@ -21,9 +21,14 @@ import os
 import tempfile
 from pathlib import Path
 
-STOPS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+# "</tool_call>" too: training cut each turn there (local_policy), so the model never learned to end
+# its turn after a call and runs on; Ollama's parser needs no closing tag, and the template writes it back.
+STOPS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "</tool_call>")
 
-# Go text/template; `json` is Ollama's template function. Map ranges visit keys sorted, so
+# Go text/template; `json` is Ollama's template function. Ollama finds a model's tool-call tag as the
+# first text inside `{{ if .ToolCalls }}` (tools/template.go parseTag); without that block it falls
+# back to "{" and returns a reply that starts with `<tool_call>` as plain text, no tool_calls.
+# Map ranges visit keys sorted, so
 # tool-call arguments come out as Python's json.dumps(sort_keys=True) writes them. Go templates
 # have no arithmetic, so "was the previous message a tool result" is kept in $prev.
 TEMPLATE = """\
@@ -53,14 +58,14 @@ For each function call, return a json object with function name and arguments wi
 {{- if and (eq $prev "tool") (ne .Role "tool") }}<|im_end|>
 {{ end }}
 {{- if eq .Role "assistant" }}<|im_start|>assistant
-{{ .Content }}
-{{- range $j, $c := .ToolCalls }}{{ if or $m.Content $j }}
-{{ end }}<tool_call>
+{{ .Content }}{{ if and $m.Content $m.ToolCalls }}
+{{ end }}
+{{- if .ToolCalls }}{{ range $j, $c := .ToolCalls }}<tool_call>
 {"name": "{{ .Function.Name }}", "arguments": {
 {{- $first := true }}{{ range $k, $v := .Function.Arguments }}{{ if not $first }}, {{ end }}{{ $first = false }}{{ json $k }}: {{ json $v }}{{ end -}}
 }}
-</tool_call>
-{{- end }}<|im_end|>
+</tool_call>{{ if lt $j (len (slice $m.ToolCalls 1)) }}
+{{ end }}{{ end }}{{ end }}<|im_end|>
 {{ else if eq .Role "tool" }}
 {{- if ne $prev "tool" }}<|im_start|>user{{ end }}
 <tool_response>
@@ -101,8 +106,10 @@ def write_modelfile(directory: str | os.PathLike, gguf: str | os.PathLike, *, na
         local.unlink(missing_ok=True)
         try:
             os.link(gguf, local)
-        except OSError:
-            shutil.copy2(gguf, local)
+        except OSError:  # another file system: a copy under a temporary name, then renamed into place
+            part = local.with_name(local.name + ".part")
+            shutil.copy2(gguf, part)
+            os.replace(part, local)
     target = directory / "Modelfile"
     fd, tmp = tempfile.mkstemp(prefix="Modelfile.tmp-", dir=directory)
     with os.fdopen(fd, "w") as f:

@@ -123,3 +123,14 @@ def test_write_modelfile_links_the_gguf_and_says_how_to_run_it(tmp_path):
 def test_write_modelfile_needs_the_gguf(tmp_path):
     with pytest.raises(FileNotFoundError, match="write the GGUF first"):
         write_modelfile(tmp_path, tmp_path / "missing.gguf")
+
+
+def test_ollama_finds_the_tool_call_tag_and_stops_after_a_call():
+    """Ollama takes a model's tool-call tag from the first text inside `{{ if .ToolCalls }}`; without
+    that block the tag was "{" and every reply came back as plain text with no tool_calls (found by
+    review, with Ollama's parseTag run in Go). And a turn must stop at `</tool_call>` as in training."""
+    from mcp_rl.ollama import STOPS, TEMPLATE
+
+    block = TEMPLATE.split("{{- if .ToolCalls }}", 1)
+    assert len(block) == 2 and block[1].startswith("{{ range $j, $c := .ToolCalls }}<tool_call>")
+    assert "</tool_call>" in STOPS
