@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -44,6 +44,43 @@ def _atomic_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# What a merged export writes (save_pretrained + the tokenizer): a folder holding only these may be
+# replaced by a new export; anything else in it is the user's, and an export refuses to delete it.
+_EXPORT_FILES = ("config.json", "generation_config.json", "chat_template.jinja", "special_tokens_map.json",
+                 "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                 "added_tokens.json", "model.safetensors.index.json")
+
+
+def check_export_target(target: Path) -> None:
+    """Refuse to replace a folder that holds anything a merged export would not have written."""
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise ValueError(f"{target} is a file; merged models go into a folder")
+    other = [p.name for p in target.iterdir() if p.name not in _EXPORT_FILES and p.suffix != ".safetensors"]
+    if other:
+        raise ValueError(f"{target} holds files a merged export did not write ({', '.join(sorted(other)[:3])}"
+                         f"{' ...' if len(other) > 3 else ''}): replacing the folder would delete them; "
+                         "choose an empty or new folder")
+
+
+def dequantized_copy(model: Any) -> Any:
+    """A plain model of `model`'s config holding its weights, for a GGUF-loaded model: those refuse
+    save_pretrained, but their weights are plain dequantized tensors. The copy's config drops the
+    GGUF `quantization_config`, which would make transformers reload the export as a GGUF model."""
+    from transformers import AutoModelForCausalLM
+
+    from .models import dtype_kwarg
+
+    config = copy.deepcopy(model.config)
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    clean = AutoModelForCausalLM.from_config(config, **dtype_kwarg(model.dtype))
+    clean.load_state_dict(model.state_dict())
+    clean.generation_config = model.generation_config
+    return clean
 
 
 class Checkpoints:
@@ -93,15 +130,11 @@ class Checkpoints:
         """Export a merged Hugging Face model (+ tokenizer) for serving (vLLM, llama.cpp convert...).
 
         Merges a copy (the live model keeps its adapter), so it needs the model's memory twice."""
-        from transformers import AutoModelForCausalLM
-
+        check_export_target(Path(directory))
         with self._lock:
             merged = copy.deepcopy(self.model).merge_and_unload()
         if getattr(merged, "hf_quantizer", None) is not None:
-            # A GGUF-loaded model refuses save_pretrained; its weights are plain dequantized tensors.
-            clean = AutoModelForCausalLM.from_config(merged.config)
-            clean.load_state_dict(merged.state_dict())
-            merged = clean
+            merged = dequantized_copy(merged)
         with _atomic_dir(Path(directory)) as tmp:
             merged.save_pretrained(tmp)
             self.tokenizer.tokenizer.save_pretrained(tmp)

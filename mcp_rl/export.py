@@ -145,16 +145,9 @@ def _unquantized(model: Any, name: str) -> Any:
     if method != "gguf":
         raise ValueError(f"base model {name!r} loads with {method} quantized weights; merge onto the 16-bit base "
                          "instead (e.g. --model Qwen/Qwen2.5-3B-Instruct for a 4-bit ART/Unsloth run)")
-    # As in PortableTrainer.merge_and_save: a GGUF-loaded model refuses save_pretrained, but its weights
-    # are plain dequantized tensors, so a fresh model of the same config can take them.
-    from transformers import AutoModelForCausalLM
+    from .checkpoint import dequantized_copy
 
-    from .models import dtype_kwarg
-
-    clean = AutoModelForCausalLM.from_config(model.config, **dtype_kwarg(model.dtype))
-    clean.load_state_dict(model.state_dict())
-    clean.generation_config = model.generation_config
-    return clean
+    return dequantized_copy(model)
 
 
 def merge_adapter(adapter: str | os.PathLike, out_dir: str | os.PathLike, *, base_model: str | None = None,
@@ -169,11 +162,12 @@ def merge_adapter(adapter: str | os.PathLike, out_dir: str | os.PathLike, *, bas
     from peft import PeftModel
 
     from .local_policy import load_local_model
-    from .checkpoint import _atomic_dir
+    from .checkpoint import _atomic_dir, check_export_target
 
     folder, out = find_adapter(adapter), Path(out_dir)
     if folder.resolve().is_relative_to(out.resolve()):
         raise ValueError(f"--merged {out} would replace the adapter {folder}; choose another folder")
+    check_export_target(out)
     base = base_model or recorded_base_model(adapter)
     if not base:
         raise ValueError(f"{folder / ADAPTER_CONFIG} records no base model; pass base_model= (--model)")

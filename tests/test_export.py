@@ -224,8 +224,23 @@ def test_never_merges_onto_quantized_weights_but_takes_dequantized_gguf(base_dir
     with pytest.raises(ValueError, match="bitsandbytes quantized weights; merge onto the 16-bit base"):
         _unquantized(model, "x")
     model.hf_quantizer = quantizer(QuantizationMethod.GGUF)
+    model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf", "dequantize": False}
     clean = _unquantized(model, "x")
     assert getattr(clean, "hf_quantizer", None) is None and torch.equal(logits(clean.eval()), logits(model.eval()))
+    # the export's config.json must not say GGUF: transformers would reload it as GGUF-quantized (found by review)
+    assert getattr(clean.config, "quantization_config", None) is None
+
+
+def test_merge_never_deletes_files_it_did_not_write(lora, tmp_path):
+    """`--merged DIR` replaced DIR whole: a folder holding notes.txt and ollama/ lost both (found by review)."""
+    adapter = copy_adapter(lora, tmp_path / "a")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="notes.txt.*choose an empty or new folder"):
+        merge_adapter(adapter, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    out = merge_adapter(adapter, tmp_path / "m")
+    assert merge_adapter(adapter, out) == out  # a previous export is replaced
 
 
 # ---- loading for eval, and the CLI -----------------------------------------------------------
