@@ -11,8 +11,10 @@
 reply's Hermes `<tool_call>` blocks come out as `tool_calls`, parsed as in training
 (`find_tool_calls`); a block that does not parse stays in `content` (as in vLLM's Hermes parser).
 `logprobs: true` gives the sampled tokens as `token_id:N` (vLLM's `--return-tokens-as-token-ids`,
-what ART trains on); `stream: true` sends the finished turn as one chunk; other sampling options
-(top_p, stop, seed...) are ignored. A bad request gets a 4xx with an OpenAI-style error body.
+what ART trains on); `stream: true` sends the finished turn as one chunk; `tool_choice: "none"`
+leaves the tools out and returns any call as text; `stop` is refused (the agent stops at end-of-turn
+and after each tool call, as trained); other sampling options (top_p, seed...) are ignored. A bad
+request gets a 4xx with an OpenAI-style error body.
 """
 
 from __future__ import annotations
@@ -60,8 +62,12 @@ class _Tool(_Open):
     function: _Named
 
 
+class _Function(_Named):
+    arguments: str | dict  # the chat template renders them: a missing one failed there as a 500
+
+
 class _ToolCall(_Open):
-    function: _Named
+    function: _Function
 
 
 class _Message(_Open):
@@ -89,7 +95,9 @@ class _ChatRequest(_Open):
     temperature: float | None = Field(None, ge=0, le=2)
     n: Literal[1] = 1
     stream: bool = False
+    stream_options: dict | None = None
     logprobs: bool | None = False
+    stop: str | list[str] | None = None
 
 
 
@@ -186,6 +194,9 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
             return _error(400, _explain(e))
         if req.model != served:
             return _error(404, f"model {short(req.model)} {unknown}", code="model_not_found")
+        if req.stop:  # the policy stops at end-of-turn and after a tool call, not at client strings
+            return _error(400, "stop sequences are not supported: the agent stops at end-of-turn and after each "
+                               "tool call; leave `stop` out")
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in data["messages"]]
         tools = [] if req.tool_choice == "none" else (data.get("tools") or [])
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
@@ -195,14 +206,16 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
         except ContextOverflow as e:  # OpenAIPolicy reads "maximum context length" as ContextOverflow
             return _error(400, f"the conversation exceeds the model's maximum context length: {e}",
                           code="context_length_exceeded")
-        except TemplateError as e:
-            return _error(400, f"the chat template cannot render these messages: {e}")
+        except (TemplateError, TypeError, ValueError) as e:  # messages the template cannot take are the client's
+            return _error(400, f"the chat template cannot render these messages: {short(str(e), 200)}")
         except Exception as e:  # noqa: BLE001 - a failed generation fails this request only
             log.exception("generation failed")
             return _error(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
         usage = _usage(getattr(policy, "tokenizer", None), messages, tools, choice)
+        if req.tool_choice == "none" and choice.message.tool_calls:  # no calls were asked for: the text stays text
+            choice = choice.model_copy(update={"message": choice.message.model_copy(update={"tool_calls": None})})
         out = _completion(choice, served, bool(req.logprobs), usage)
-        return _stream(out, bool((data.get("stream_options") or {}).get("include_usage"))) if req.stream else JSONResponse(out)
+        return _stream(out, bool((req.stream_options or {}).get("include_usage"))) if req.stream else JSONResponse(out)
 
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         return _error(e.status_code, e.detail if e.status_code != 404 else

@@ -194,6 +194,10 @@ BAD = [  # (body, status, words the error message must contain)
     ({**GOOD, "tool_choice": "required"}, 400, "tool_choice"),
     ({**GOOD, "model": "gpt-4o"}, 404, "use 'tiny'"),
     ({**GOOD, "messages": [{"role": "user", "content": "x" * (5 << 20)}]}, 413, "over"),
+    # found by review: these were 500s (which OpenAIPolicy retries), or silently ignored
+    ({**GOOD, "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]}, 400, "arguments"),
+    ({**GOOD, "stream_options": "yes"}, 400, "stream_options"),
+    ({**GOOD, "stop": ["<tool_call>"]}, 400, "stop sequences are not supported"),
 ]
 
 
@@ -331,3 +335,16 @@ async def test_smollm2_rollout_through_the_endpoint_against_the_company_server(s
                              RolloutConfig(max_turns=3, max_tokens=64, temperature=0))
     assert not traj.metrics["fatal"], traj.metadata["fatal_reason"]
     assert traj.metrics["turns"] >= 1 and traj.metrics["tool_calls"] + traj.metrics["malformed_calls"] >= 1
+
+
+def test_tool_choice_none_returns_a_call_as_text(tok):
+    """`tool_choice: "none"` only left the tools out of the prompt: a trained agent still wrote a call,
+    and the reply came back with tool_calls and finish_reason "tool_calls" (found by review)."""
+    call = '<tool_call>\n{"name": "list_tables", "arguments": {}}\n</tool_call>'
+    with ServerThread(openai_app(ScriptedPolicy(lambda m: call, tok))) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        auto = client.chat.completions.create(model="scripted", messages=HI, tools=TOOLS)
+        none = client.chat.completions.create(model="scripted", messages=HI, tools=TOOLS, tool_choice="none")
+    assert auto.choices[0].finish_reason == "tool_calls" and auto.choices[0].message.tool_calls
+    assert none.choices[0].finish_reason == "stop" and not none.choices[0].message.tool_calls
+    assert none.choices[0].message.content == call
