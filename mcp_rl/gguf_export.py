@@ -144,6 +144,8 @@ def write_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, *, quant: s
         special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=len(tokens))
         if tokenizer.chat_template and not special.chat_template:  # e.g. the embedded model's Hermes template
             special.chat_template = tokenizer.chat_template
+        # Said outright: llama.cpp adds no BOS when the key is missing, Ollama's own engine adds one.
+        special.add_special_token.setdefault("bos", bool(getattr(tokenizer, "add_bos_token", False)))
         special.add_to_gguf(w)
 
         names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)

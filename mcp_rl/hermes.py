@@ -101,7 +101,7 @@ def choice_from_text(
     tool_calls = [
         ChatCompletionMessageToolCall(
             id=f"call_{k}", type="function",
-            function=Function(name=c["name"], arguments=json.dumps(c["arguments"])),
+            function=Function(name=c["name"], arguments=json.dumps(c["arguments"], ensure_ascii=False)),
         )
         for k, c in enumerate(calls)
     ]

@@ -58,6 +58,11 @@ def test_tiny_models_round_trip(arch, quant, least, tok, tmp_path):
     path = write_gguf(tmp_path / "hf", tmp_path / f"m-{quant}.gguf", quant=quant)
     info = gguf_summary(path)
     assert info["architecture"] == arch and info["chat_template"]
+    # said outright (found by review): Ollama's engine adds a BOS when the key is missing, llama.cpp does not
+    import gguf
+
+    field = gguf.GGUFReader(path).fields["tokenizer.ggml.add_bos_token"]
+    assert bool(field.parts[field.data[0]][0]) is False
     assert info["types"] == (["F16", "F32"] if quant == "f16" else ["F32", "Q8_0"])
     assert agreement(model, load_gguf(path), tok) >= least  # random weights: near-tied logits are common
     assert not list(tmp_path.glob("*.tmp-*"))
