@@ -90,8 +90,8 @@ def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b, name = old.get(k), new.get(k), prefix + k
         if isinstance(a, dict) and isinstance(b, dict):
             out += _changes(a, b, name + ".")
-        elif a != b and name not in RESUMABLE_CHANGES and k in old:  # a field new since then: no record
-            out.append(f"{name}: {_said(a)} -> {_said(b)}")
+        elif a != b and name not in RESUMABLE_CHANGES and k in old and k in new:  # a field added or
+            out.append(f"{name}: {_said(a)} -> {_said(b)}")                          # dropped since: no record
     return out
 
 

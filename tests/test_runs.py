@@ -337,3 +337,12 @@ def test_a_server_that_needs_a_token_says_so(company_db, given, says):
         with pytest.raises(ServerUnavailable, match="refused the request for authentication \\(HTTP 401") as e:
             asyncio.run(connect(srv.url))
     assert says in str(e.value) and "s3cret" not in str(e.value)
+
+
+def test_a_field_the_code_no_longer_has_does_not_block_a_resume(tmp_path):
+    """config.json from an older version: a field since renamed or dropped is no change of the run."""
+    cfg = _recorded(tmp_path)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    recorded["train"]["old_knob"] = 3
+    (tmp_path / "run" / "config.json").write_text(json.dumps(recorded))
+    assert open_run(cfg).step == 1
