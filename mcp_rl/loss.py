@@ -41,8 +41,8 @@ def grpo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         adv = adv.unsqueeze(-1)
     # The log-ratio clamped to +-20 before exp, as verl does: past about 88 nats exp overflows float32,
     # and the clipped branch's zero gradient times an infinite ratio is NaN in backward while the loss
-    # stays finite: what two Gemma runs logged (bench/RESULTS.md section 12; whether this was the cause
-    # there is not known).
+    # stays finite. Gemma's NaN steps (bench/RESULTS.md section 12) more likely came from padding rows
+    # left empty by its sliding window (train.py passes no attention mask since); this stays as a guard.
     ratio = torch.exp((new_logprobs - old).clamp(-20.0, 20.0))
     token_loss = -torch.min(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon) * adv) * mask
     if kind == "dr_grpo":
