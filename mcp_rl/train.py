@@ -253,7 +253,10 @@ class PortableTrainer(WarmStart, Checkpoints):
                                                           scale_rewards=(self.loss == "grpo")))
             seqs, too_long = self._keep_fitting([self._sequence(r) for r in results])
             metrics = {"loss": 0.0, "num_sequences": float(len(seqs)), "num_tokens": 0.0, "grad_norm": 0.0,
-                       "skipped_groups": float(zero_var), "skipped_too_long": float(too_long), "updated": 0.0}
+                       "skipped_groups": float(zero_var), "skipped_too_long": float(too_long), "updated": 0.0,
+                       # the step's longest sequence and widest micro-batch (its longest minus its shortest):
+                       # what sets the update's peak memory, and how far padding ran past a sequence's end
+                       "max_seq_tokens": float(max((len(s["ids"]) for s in seqs), default=0)), "max_padding": 0.0}
             gap = [0.0, 0.0, 0.0]  # off_policy_stats summed over micro-batches (and ranks)
             if seqs:
                 constant = self.max_seq_len * len(seqs) if self.loss == "dr_grpo" else len(seqs)
@@ -277,6 +280,8 @@ class PortableTrainer(WarmStart, Checkpoints):
                                      f"largest |trainer - sampler| logprob {far:.3g})")
                         metrics["loss"] += float(loss.detach())
                         metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
+                        metrics["max_padding"] = max(metrics["max_padding"], float(
+                            max(len(s["ids"]) for s in batch) - min(len(s["ids"]) for s in batch)))
                         gap = [a + b for a, b in zip(gap, off_policy_stats(new, old, mask, epsilon=self.epsilon))]
                     distributed.all_reduce_grads(self.params)
                     metrics["loss"], metrics["num_tokens"], *gap = distributed.total(

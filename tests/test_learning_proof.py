@@ -65,6 +65,11 @@ def test_two_runs_side_by_side_pause_at_the_deadline_and_resume_to_the_end(tmp_p
     assert (tmp_path / "out" / "learning.tgz").exists()
     third = parallel(tmp_path, tokenizer_dir, 200, *runs)
     assert third.stdout.count(": finished") == 2
+    summary = subprocess.run([sys.executable, "bench/learning_summary.py", str(tmp_path / "out" / "learning"), "--json"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    data = json.loads(summary.stdout)
+    assert [(r["name"], r["seed"], r["steps"]) for r in data["runs"]] == [("a", 0, 6), ("b", 1, 6)]
+    assert data["families"]["smollm2"]["seeds"] == 2 and data["unfinished"] == []
 
 
 def test_the_unsloth_loader_is_imported_before_transformers(tmp_path):
@@ -112,3 +117,31 @@ def test_the_held_out_curve_counts_the_same_scenarios_at_every_point(monkeypatch
     assert [(c["step"], c["label"], c["n"], c["success"]) for c in curve] == [
         (0, "warm_start", 2, 0.5), (5, "test_step5", 2, 0.5), (10, "trained", 2, 1.0)]
     assert [c["n"] for c in held_out_curve(rows, {}, 10)] == [4, 4]  # no periodic evaluation: the whole set
+
+
+def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import learning_summary
+
+    def run(name, seed, over_base, warm, trained, se, proof=True):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model": "smollm2", "train": {"seed": seed}}))
+        if proof:
+            comparisons = {"base": {"other": 0.0, "gap": over_base},
+                           "warm_start": {"other": warm, "final": trained, "gap": trained - warm, "se_paired": se}}
+            (d / "proof.json").write_text(json.dumps({"steps": 17, "comparisons": comparisons}))
+
+    run("s1", 1, 0.20, 0.05, 0.15, 0.03)   # +10 over its warm start
+    run("s0", 0, 0.16, 0.10, 0.16, 0.04)   # +6
+    run("s2", 2, 0.0, 0.0, 0.0, 0.0, proof=False)
+    (tmp_path / "logs-only").mkdir()       # no config.json: not a run
+    text, data = learning_summary.report(tmp_path)
+    f = data["families"]["smollm2"]
+    assert [r["name"] for r in data["runs"]] == ["s0", "s1"] and data["unfinished"] == ["s2"]
+    assert f["mean_over_warm"] == pytest.approx(0.08) and f["se_mean"] == pytest.approx(0.025)
+    assert f["every_seed_warm"] and f["every_seed_base"] and f["mean_met"]  # +8.0 at 3.2 s.e.
+    assert "seeds finished: 2 of the 3 asked for" in text and "Unfinished (no proof.json): s2" in text
+    run("s3", 3, 0.14, 0.10, 0.13, 0.05)   # +3 over its warm start, +14 over base
+    f = learning_summary.report(tmp_path)[1]["families"]["smollm2"]
+    assert not (f["every_seed_warm"] or f["every_seed_base"] or f["mean_met"])

@@ -299,6 +299,11 @@ def test_token_micro_batches_give_the_same_update(tiny_policy):
         after.append((lora_weights(trainer.model), metrics, passes))
     (w1, m1, p1), (w2, m2, p2) = after
     assert (p1, p2) == (4, 1) and m1["num_tokens"] == m2["num_tokens"]
+    # the longest sequence and the widest micro-batch: one sequence a batch pads nothing, one batch of
+    # all four pads the shortest (same prompt) up to the longest, the text length apart
+    text_ids = sorted(len(tok.encode(t, add_special_tokens=False)) for t in texts)
+    assert m1["max_seq_tokens"] == m2["max_seq_tokens"] > text_ids[-1]
+    assert (m1["max_padding"], m2["max_padding"]) == (0, text_ids[-1] - text_ids[0])
     assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5)
     assert any(not torch.equal(w1[n], torch.zeros_like(w1[n])) for n in w1 if "lora_B" in n)
     for n in w1:
