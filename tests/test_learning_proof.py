@@ -119,8 +119,8 @@ def test_the_held_out_curve_counts_the_same_scenarios_at_every_point(monkeypatch
     assert [c["n"] for c in held_out_curve(rows, {}, 10)] == [4, 4]  # no periodic evaluation: the whole set
 
 
-def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path):
-    sys.path.insert(0, str(ROOT / "bench"))
+def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import learning_summary
 
     def run(name, seed, over_base, warm, trained, se, proof=True):
