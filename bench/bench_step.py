@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import learning_proof  # noqa: E402  (bench/learning_proof.py: its trainer builder and random shapes)
 
-from mcp_rl import pipeline  # noqa: E402
+from mcp_rl import parts, pipeline  # noqa: E402
 from mcp_rl.config import apply_overrides, load_config  # noqa: E402
 
 
@@ -72,7 +72,7 @@ async def bench(args) -> list[dict]:
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
                      "hand_back": True, "packed_gqa": True}}
     rows: list[dict] = []
-    async with pipeline.open_server(cfg) as server:
+    async with parts.open_server(cfg) as server:
         with tempfile.TemporaryDirectory() as tmp:
             start = Path(tmp) / "start"
             trainer.save(start)
@@ -83,7 +83,7 @@ async def bench(args) -> list[dict]:
                 for name, mode in modes.items():
                     set_mode(trainer, mode)
                     groups = await gather_rollouts(trainer.policy, server, test[: args.greedy_scenarios],
-                                                   pipeline.rollout_config(cfg, temperature=0.0), desc=None)
+                                                   parts.rollout_config(cfg, temperature=0.0), desc=None)
                     seen[name] = tokens_of(groups)
                 same = sum(a == b for a, b in zip(seen["old"], seen["new"]))
                 rows.append({"check": "greedy tokens identical", "same": same, "of": len(seen["old"])})

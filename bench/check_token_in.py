@@ -20,7 +20,7 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from mcp_rl import pipeline  # noqa: E402
+from mcp_rl import parts, pipeline  # noqa: E402
 from mcp_rl.config import load_config  # noqa: E402
 from mcp_rl.local_policy import LocalPolicy  # noqa: E402
 from mcp_rl.loss import off_policy_stats  # noqa: E402
@@ -38,10 +38,10 @@ async def main() -> None:
     cfg.train.precision, cfg.rollout.max_tokens, cfg.rollout.max_turns, cfg.rollout.concurrency = "fp32", 64, 4, 24
     cfg.train.warm_start_scenarios, cfg.train.warm_start_epochs, cfg.train.warm_start_gate_scenarios = 4, 1, 0
     cfg.out = "/tmp/check_token_in"
-    trainer = pipeline.build_trainer(cfg)
+    trainer = parts.build_trainer(cfg)
     train, _, _ = pipeline.load_splits(cfg)
-    rc = pipeline.rollout_config(cfg, temperature=0.7)
-    async with pipeline.open_server(cfg) as server:
+    rc = parts.rollout_config(cfg, temperature=0.7)
+    async with parts.open_server(cfg) as server:
         await pipeline.warm_start(trainer, server, train, cfg)
         trajs = await asyncio.gather(*[rollout(trainer.policy, server, sc, rc) for sc in train[4:8] for _ in range(6)])
     for i, t in enumerate(trajs):

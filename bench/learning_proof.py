@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl import pipeline  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
+from mcp_rl import parts, pipeline  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
 from mcp_rl.config import apply_overrides, load_config  # noqa: E402
 from mcp_rl.scenarios import load_scenarios, save_scenarios  # noqa: E402
 
@@ -69,7 +69,7 @@ def heldout_file(src: str, dst: Path) -> dict:
 
 def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: str | None, shape: str = "smollm2",
                   batch_gap_s: float | None = None):
-    """pipeline.build_trainer, with a LocalPolicy batch as wide as the rollout concurrency.
+    """parts.build_trainer, with a LocalPolicy batch as wide as the rollout concurrency.
 
     The library's LocalPolicy batches at most 8 requests per generate, after waiting 20 ms for
     them, and the config has no field for either. On a GPU a whole step's rollouts fit one
@@ -91,11 +91,11 @@ def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: s
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
     elif cfg.train.loader == "unsloth":  # Unsloth's model (4-bit with load_in_4bit), LoRA and sampler: the library's build
-        trainer = pipeline.build_trainer(cfg)
+        trainer = parts.build_trainer(cfg)
         trainer.policy.max_batch, trainer.policy.batch_wait_s = max_batch, batch_wait_s
         trainer.policy.batch_gap_s = batch_gap_s
         return trainer
-    else:  # float16 weights where training runs in float16 (a T4, or forced), as pipeline.build_trainer loads them
+    else:  # float16 weights where training runs in float16 (a T4, or forced), as parts.build_trainer loads them
         model, tok = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit,
                                       dtype="float16" if cfg.train.precision == "fp16" else None)
     t = cfg.train

@@ -47,7 +47,7 @@ def _policy(model: str | None, *, base_url: str | None, api_key_env: str | None,
 
 
 async def _with_server(spec: str, token: str | None, fn):
-    from .pipeline import COMPANY
+    from .parts import COMPANY
     from .launch import company_server_command, serve_http
 
     if spec == COMPANY:

@@ -23,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from . import distributed, pipeline
+from . import distributed, parts, pipeline
 from .audit import TOOL_CALLS, log_tool_calls
 from .config import Config, redacted
 from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
@@ -133,7 +133,7 @@ class Run:
         if trainer is None:
             _make_room(key, self.cfg.train.backend)
             _seed_torch(self.cfg.train.seed)  # the LoRA init follows train.seed (the same on every rank)
-            trainer = pipeline.build_trainer(self.cfg)
+            trainer = parts.build_trainer(self.cfg)
             if hasattr(trainer, "register"):  # ART: starts vLLM and Unsloth on the GPU
                 await trainer.register()
         ckpt = self.dir / "checkpoints" / f"step-{self.step:04d}"
@@ -323,8 +323,8 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
     train, val, test = pipeline.load_splits(cfg)
     print(f"model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, {len(test)} test scenarios",
           flush=True)
-    async with pipeline.open_server(cfg) as server:
-        await pipeline.check_tools(server, cfg)  # a refused server stops the run before the model loads
+    async with parts.open_server(cfg) as server:
+        await parts.check_tools(server, cfg)  # a refused server stops the run before the model loads
         trainer = await r.trainer(trainer)
         await r.evaluate("base", server, test)
         if r.state["phase"] == "base_done":

@@ -24,7 +24,7 @@ def company_db(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_trainer():
     """`tiny_trainer(cfg, **trainer_kw)`: a PortableTrainer over a random 2-layer Llama with SmolLM2's
-    tokenizer, the same weights each call (seed 0). Shaped like `pipeline.build_trainer`, so tests
+    tokenizer, the same weights each call (seed 0). Shaped like `parts.build_trainer`, so tests
     patch it in; it exercises the plumbing and learns nothing worth a claim."""
     from mcp_rl.local_policy import LocalPolicy
     from mcp_rl.models import load_local_tokenizer, tiny_llama

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from mcp_rl import distributed, pipeline, runs  # noqa: E402
+from mcp_rl import distributed, parts, pipeline, runs  # noqa: E402
 from mcp_rl.config import apply_overrides, preset  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def main() -> int:
         f"out={a.out}", f"train.steps={a.steps}", "train.groups_per_step=2", "train.group_size=2",
         "train.warm_start_scenarios=2", "train.eval_scenarios=2", "rollout.max_turns=6", "rollout.max_tokens=12",
         "rollout.concurrency=4"])
-    pipeline.build_trainer = build
+    parts.build_trainer = build
     step = pipeline.train_step
 
     async def dying(trainer, server, batch, cfg, n):

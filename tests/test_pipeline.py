@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from mcp_rl import pipeline
+from mcp_rl import parts, pipeline
 from mcp_rl.audit import read_tool_calls
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.pipeline import step_batch
@@ -41,7 +41,7 @@ def small_config(out, steps):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_kill_and_resume_loses_and_repeats_no_step(tmp_path, monkeypatch, tiny_trainer_factory):
-    monkeypatch.setattr(pipeline, "build_trainer", tiny_trainer_factory)
+    monkeypatch.setattr(parts, "build_trainer", tiny_trainer_factory)
     out = tmp_path / "run"
     await run(small_config(out, steps=1))
     state = json.loads((out / "state.json").read_text())
@@ -84,7 +84,7 @@ async def test_kill_and_resume_loses_and_repeats_no_step(tmp_path, monkeypatch, 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_zero_variance_groups_are_skipped_and_logged(tmp_path, monkeypatch, tiny_trainer_factory):
-    monkeypatch.setattr(pipeline, "build_trainer", tiny_trainer_factory)
+    monkeypatch.setattr(parts, "build_trainer", tiny_trainer_factory)
     cfg = apply_overrides(small_config(tmp_path / "r", steps=1), ["train.warm_start_scenarios=0"])
     await run(cfg)
     rec = json.loads((tmp_path / "r" / "state.json").read_text())["history"][-1]
@@ -225,9 +225,9 @@ def test_a_preset_the_installed_stack_cannot_train_is_refused(tmp_path, stamp, n
         path.write_text(stamp + "\n")
     if refused:
         with pytest.raises(ValueError, match=refused):
-            pipeline.check_install(preset(name), path)
+            parts.check_install(preset(name), path)
     else:
-        pipeline.check_install(preset(name), path)
+        parts.check_install(preset(name), path)
 
 
 async def test_a_rollout_cut_short_by_the_endpoint_is_left_out_of_its_group(tmp_path, company_db):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mcp_rl import pipeline
+from mcp_rl import parts, pipeline
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.launch import HttpServer, company_server_command
 from mcp_rl.guard import SideEffectsRefused
@@ -41,7 +41,7 @@ def built(monkeypatch, build):
         calls.append(cfg.out)
         return build(cfg)
 
-    monkeypatch.setattr(pipeline, "build_trainer", counting)
+    monkeypatch.setattr(parts, "build_trainer", counting)
     _LOADED.clear()
     yield calls
     _LOADED.clear()
@@ -133,7 +133,7 @@ def test_a_server_with_side_effects_is_refused_before_the_model_loads(tmp_path, 
     def build(cfg):
         raise Loaded
 
-    monkeypatch.setattr(pipeline, "build_trainer", build)
+    monkeypatch.setattr(parts, "build_trainer", build)
     cfg = apply_overrides(config(tmp_path / "run"), [f"server={script}"])
     with pytest.raises(SideEffectsRefused, match="side effects: write_note"):
         asyncio.run(run(cfg))
@@ -206,13 +206,13 @@ def test_an_update_the_run_did_not_record_is_counted_not_trained_again(tmp_path,
 def test_a_second_art_model_in_one_process_is_refused_before_it_loads(tmp_path, monkeypatch):
     import asyncio
 
-    monkeypatch.setattr(pipeline, "build_trainer", lambda cfg: pytest.fail("a second vLLM engine was started"))
+    monkeypatch.setattr(parts, "build_trainer", lambda cfg: pytest.fail("a second vLLM engine was started"))
     monkeypatch.setitem(_LOADED, f"{tmp_path / 'first'}|Qwen/Qwen2.5-3B-Instruct|art", object())
     monkeypatch.setitem(_LOADED, f"{tmp_path / 'cpu'}|smollm2|portable", object())
     cfg = apply_overrides(config(tmp_path / "second"), ["train.backend=art", "train.warm_start_scenarios=0"])
     with pytest.raises(RuntimeError, match="already loaded in this process for .*first.*Restart session"):
         asyncio.run(open_run(cfg).trainer())
-    monkeypatch.setattr(pipeline, "build_trainer", lambda cfg: type("T", (), {"step": 0})())
+    monkeypatch.setattr(parts, "build_trainer", lambda cfg: type("T", (), {"step": 0})())
     asyncio.run(open_run(config(tmp_path / "third")).trainer())  # a portable run: the other portable one is let go
     assert not any(k.startswith(str(tmp_path / "cpu")) for k in _LOADED) and len(_LOADED) == 2
 

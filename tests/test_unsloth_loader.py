@@ -131,7 +131,7 @@ def test_t4_unsloth_preset_is_the_t4_preset_on_the_portable_trainer():
 
 def test_pipeline_without_cuda_stops_with_the_one_line(monkeypatch):
     from mcp_rl.config import preset
-    from mcp_rl.pipeline import build_trainer
+    from mcp_rl.parts import build_trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UnslothUnavailable, match="needs a CUDA GPU"):

@@ -19,7 +19,7 @@ import pytest
 
 from mcp_rl.config import preset
 from mcp_rl.launch import free_port
-from mcp_rl.pipeline import rollout_config
+from mcp_rl.parts import rollout_config
 from mcp_rl.policy import choice_from_text, tool_call_text
 from mcp_rl.rollout import gather_rollouts
 from mcp_rl.scenarios import load_scenarios
