@@ -237,6 +237,12 @@ def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dic
                   f"({tot['decode_steps']:.0f} steps), {tot['rows']:.0f} rows; padding "
                   f"{1 - tot['prompt_tokens'] / max(tot['padded_prompt_tokens'], 1):.0%} of prefilled tokens; requests "
                   f"waited {tot['queue_wait_s'] / max(tot['rows'], 1):.2f} s each for a batch on average"]
+    sized = [h for h in steps if "max_seq_tokens" in h]
+    if sized:  # the update's peak memory follows these; padding past a sliding window's end is the NaN suspect
+        top = max(sized, key=lambda h: h["max_padding"])
+        lines += ["", f"Update sizes: longest sequence {max(h['max_seq_tokens'] for h in sized):.0f} tokens; widest "
+                  f"micro-batch {top['max_padding']:.0f} tokens of padding (step {top['step']}); skipped updates "
+                  f"(non-finite gradient) {max(h.get('skipped_steps', 0) for h in sized):.0f}"]
     if warm.get("gate"):
         lines += ["", "Warm-start gate: " + "; ".join(
             f"after epoch {c['epochs']}: {c['tool_errors']:.2f} tool errors, {c['completed_rate']:.0%} completed"

@@ -145,3 +145,21 @@ def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path, monkeypatch):
     run("s3", 3, 0.14, 0.10, 0.13, 0.05)   # +3 over its warm start, +14 over base
     f = learning_summary.report(tmp_path)[1]["families"]["smollm2"]
     assert not (f["every_seed_warm"] or f["every_seed_base"] or f["mean_met"])
+
+
+def test_proof_md_reports_the_update_sizes(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from learning_proof import proof_tables
+
+    for label, ok in (("base", (0, 0)), ("warm_start", (1, 0)), ("trained", (1, 1))):
+        rows = [{"scenario_id": f"s{i}", "verified": float(v)} for i, v in enumerate(ok)]
+        (tmp_path / f"eval_{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    history = [{"step": 0, "phase": "warm_start"},
+               {"step": 1, "reward_mean": 0.1, "success_rate": 0.1, "seconds": 30, "max_seq_tokens": 900.0,
+                "max_padding": 40.0, "skipped_steps": 0.0},
+               {"step": 2, "reward_mean": 0.2, "success_rate": 0.2, "seconds": 30, "max_seq_tokens": 2500.0,
+                "max_padding": 1800.0, "skipped_steps": 1.0},
+               {"step": 3, "reward_mean": 0.2, "success_rate": 0.2, "seconds": 30}]  # no update: no sizes
+    text = proof_tables(tmp_path, {}, history)["table"]
+    assert ("Update sizes: longest sequence 2500 tokens; widest micro-batch 1800 tokens of padding (step 2); "
+            "skipped updates (non-finite gradient) 1") in text
