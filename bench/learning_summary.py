@@ -31,11 +31,15 @@ def runs(folder: Path) -> tuple[list[dict], list[str]]:
         if not (d / "proof.json").is_file():
             unfinished.append(d.name)
             continue
-        cfg, proof = json.loads((d / "config.json").read_text()), json.loads((d / "proof.json").read_text())
-        base, warm = proof["comparisons"]["base"], proof["comparisons"]["warm_start"]
-        done.append({"name": d.name, "model": cfg["model"], "seed": cfg.get("train", {}).get("seed"),
-                     "steps": proof["steps"], "base": base["other"], "warm": warm["other"], "trained": warm["final"],
-                     "over_base": base["gap"], "over_warm": warm["gap"], "se_warm": warm["se_paired"]})
+        try:  # a half-copied or hand-edited file: name it rather than a traceback
+            cfg, proof = json.loads((d / "config.json").read_text()), json.loads((d / "proof.json").read_text())
+            base, warm = proof["comparisons"]["base"], proof["comparisons"]["warm_start"]
+            done.append({"name": d.name, "model": cfg["model"], "seed": cfg.get("train", {}).get("seed"),
+                         "steps": proof["steps"], "base": base["other"], "warm": warm["other"], "trained": warm["final"],
+                         "over_base": base["gap"], "over_warm": warm["gap"], "se_warm": warm["se_paired"]})
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{d.name}: config.json or proof.json is not a finished run's ({type(e).__name__}: "
+                             f"{str(e)[:80]})") from None
     return done, unfinished
 
 
@@ -81,7 +85,10 @@ def main() -> None:
     args = ap.parse_args()
     if not args.folder.is_dir():
         raise SystemExit(f"no such folder: {str(args.folder)[:200]}")
-    text, data = report(args.folder)
+    try:
+        text, data = report(args.folder)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     print(json.dumps(data, indent=1) if args.json else text)
 
 

@@ -145,6 +145,9 @@ def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path, monkeypatch):
     run("s3", 3, 0.14, 0.10, 0.13, 0.05)   # +3 over its warm start, +14 over base
     f = learning_summary.report(tmp_path)[1]["families"]["smollm2"]
     assert not (f["every_seed_warm"] or f["every_seed_base"] or f["mean_met"])
+    (tmp_path / "s3" / "proof.json").write_text('{"steps": 17, "compar')  # half-written
+    with pytest.raises(ValueError, match="s3: config.json or proof.json is not a finished run's"):
+        learning_summary.report(tmp_path)
 
 
 def test_proof_md_reports_the_update_sizes(tmp_path, monkeypatch):
