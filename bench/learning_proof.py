@@ -243,6 +243,12 @@ def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dic
         lines += ["", f"Update sizes: longest sequence {max(h['max_seq_tokens'] for h in sized):.0f} tokens; widest "
                   f"micro-batch {top['max_padding']:.0f} tokens of padding (step {top['step']}); skipped updates "
                   f"(non-finite gradient) {max(h.get('skipped_steps', 0) for h in sized):.0f}"]
+    peaks = [h for h in steps if "gpu_peak_gib_update" in h]
+    if peaks:  # which phase sets the memory, so how many runs fit on one card
+        top = max(peaks, key=lambda h: h["gpu_peak_gib_update"])
+        lines += ["", f"GPU memory peaks over the GRPO steps: rollouts, evaluations and warm start "
+                  f"{max(h['gpu_peak_gib_before_update'] for h in peaks):.1f} GiB; update "
+                  f"{top['gpu_peak_gib_update']:.1f} GiB (step {top['step']})"]
     if warm.get("gate"):
         lines += ["", "Warm-start gate: " + "; ".join(
             f"after epoch {c['epochs']}: {c['tool_errors']:.2f} tool errors, {c['completed_rate']:.0%} completed"
@@ -356,8 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         result = None
         print(e, flush=True)
     timings["total_s"] = time.monotonic() - start
-    if torch.cuda.is_available():
-        timings["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if torch.cuda.is_available():  # the trainer resets the peak around each update (train.gpu_peaks)
+        steps = ([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else [])
+        steps = steps[len(before):]  # this call's steps
+        timings["peak_gpu_gib"] = max([torch.cuda.max_memory_allocated() / 2**30] + [
+            h[k] for h in steps for k in ("gpu_peak_gib_before_update", "gpu_peak_gib_update") if k in h])
     timings["generate_calls"] = trainer.policy.generate_calls
     (run_dir / f"timings-call{len(calls) + 1}.json").write_text(json.dumps(timings, indent=2))
     if result is None:

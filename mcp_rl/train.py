@@ -58,6 +58,25 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
 
 
+@contextlib.contextmanager
+def gpu_peaks(device: torch.device):
+    """Yields a dict that gets, on a CUDA device, the peak GPU memory (GiB) since the last update (this
+    step's rollouts, evaluations, the warm start) and the update's own: which phase limits how many runs
+    share a card (bench/RESULTS.md section 14). It resets the peak before and after the update, so the
+    process-wide peak is the largest of these."""
+    peaks: dict[str, float] = {}
+    cuda = device.type == "cuda"
+    if cuda:
+        peaks["gpu_peak_gib_before_update"] = torch.cuda.max_memory_allocated(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        yield peaks
+    finally:
+        if cuda:
+            peaks["gpu_peak_gib_update"] = torch.cuda.max_memory_allocated(device) / 2**30
+            torch.cuda.reset_peak_memory_stats(device)
+
+
 class PortableTrainer(WarmStart, Checkpoints):
     """LoRA GRPO trainer on `policy.model` (anything with `.model`, `.tokenizer`, `.step`).
 
@@ -247,7 +266,7 @@ class PortableTrainer(WarmStart, Checkpoints):
         if zero_var:
             log.info("skipped %d of %d groups with zero reward variance (no advantage to learn from)",
                      zero_var, len(groups))
-        with self._lock:
+        with self._lock, gpu_peaks(self.device) as peaks:
             with art_tokenizing():
                 results = list(tokenize_trajectory_groups(self.tokenizer, kept, allow_training_without_logprobs=False,
                                                           scale_rewards=(self.loss == "grpo")))
@@ -295,6 +314,7 @@ class PortableTrainer(WarmStart, Checkpoints):
                 self.policy.step = self.step
                 metrics["updated"] = 1.0
         seconds = time.perf_counter() - start
+        metrics.update(peaks)
         metrics.update(step=float(self.step), skipped_steps=float(self.skipped_steps), seconds=seconds, tokens_per_s=metrics["num_tokens"] / max(seconds, 1e-9))
         return metrics
 

@@ -159,10 +159,16 @@ def test_proof_md_reports_the_update_sizes(tmp_path, monkeypatch):
         (tmp_path / f"eval_{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     history = [{"step": 0, "phase": "warm_start"},
                {"step": 1, "reward_mean": 0.1, "success_rate": 0.1, "seconds": 30, "max_seq_tokens": 900.0,
-                "max_padding": 40.0, "skipped_steps": 0.0},
+                "max_padding": 40.0, "skipped_steps": 0.0, "gpu_peak_gib_before_update": 21.5,
+                "gpu_peak_gib_update": 9.25},
                {"step": 2, "reward_mean": 0.2, "success_rate": 0.2, "seconds": 30, "max_seq_tokens": 2500.0,
-                "max_padding": 1800.0, "skipped_steps": 1.0},
+                "max_padding": 1800.0, "skipped_steps": 1.0, "gpu_peak_gib_before_update": 12.0,
+                "gpu_peak_gib_update": 30.04},
                {"step": 3, "reward_mean": 0.2, "success_rate": 0.2, "seconds": 30}]  # no update: no sizes
     text = proof_tables(tmp_path, {}, history)["table"]
     assert ("Update sizes: longest sequence 2500 tokens; widest micro-batch 1800 tokens of padding (step 2); "
             "skipped updates (non-finite gradient) 1") in text
+    assert ("GPU memory peaks over the GRPO steps: rollouts, evaluations and warm start 21.5 GiB; update 30.0 GiB "
+            "(step 2)") in text
+    history = [h for h in history if "gpu_peak_gib_update" not in h]  # a CPU run: no line
+    assert "GPU memory" not in proof_tables(tmp_path, {}, history)["table"]

@@ -424,3 +424,19 @@ def test_an_fp16_rank_without_sequences_still_takes_the_step(tiny_policy):
     for p in trainer.params:  # what distributed.all_reduce_grads leaves on such a rank
         p.grad = torch.zeros_like(p)
     assert trainer._update(trainer.optimizer) == 0.0 and trainer.skipped_steps == 0
+
+
+def test_gpu_peaks_splits_the_peak_at_the_update_and_resets_it_around_it(monkeypatch):
+    calls, peak = [], {"now": 20 * 2**30}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: peak["now"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(peak["now"]))
+    with train_mod.gpu_peaks(torch.device("cuda", 0)) as peaks:
+        assert peaks == {"gpu_peak_gib_before_update": 20.0} and calls == [20 * 2**30]
+        peak["now"] = 6 * 2**30  # the update's own peak, after the reset
+    assert peaks == {"gpu_peak_gib_before_update": 20.0, "gpu_peak_gib_update": 6.0} and len(calls) == 2
+    with pytest.raises(RuntimeError), train_mod.gpu_peaks(torch.device("cuda", 0)) as peaks:
+        raise RuntimeError("out of memory")  # a failed update still reports and resets
+    assert "gpu_peak_gib_update" in peaks and len(calls) == 4
+    with train_mod.gpu_peaks(torch.device("cpu")) as peaks:
+        pass
+    assert peaks == {} and len(calls) == 4  # nothing to measure on a CPU
