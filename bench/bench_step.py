@@ -103,7 +103,10 @@ async def bench(args) -> list[dict]:
                     row = {"step": step + 1, "mode": name, **modes[name], "seconds": round(time.monotonic() - t0, 2),
                            "rollout_seconds": rec["rollout_seconds"],
                            "generate_calls": trainer.policy.generate_calls - calls,
-                           "num_tokens": rec.get("num_tokens"), "tokens_per_s": rec.get("tokens_per_s"), "success_rate": rec["success_rate"]}
+                           "num_tokens": rec.get("num_tokens"), "tokens_per_s": rec.get("tokens_per_s"), "success_rate": rec["success_rate"],
+                           # GPU peaks (train.gpu_peaks): the rollouts' (after trainer.load) and the update's
+                           "peak_rollout_gib": rec.get("gpu_peak_gib_before_update"),
+                           "peak_update_gib": rec.get("gpu_peak_gib_update")}
                     row["update_seconds"] = round(row["seconds"] - row["rollout_seconds"], 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -113,13 +116,15 @@ async def bench(args) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| step | mode | step s | rollouts s | rewards + update s | decodes | trained tokens | update tok/s |",
-             "|---|---|---|---|---|---|---|---|"]
+    gib = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731  (no GPU: no peaks)
+    lines = ["| step | mode | step s | rollouts s | rewards + update s | decodes | trained tokens | update tok/s | "
+             "peak GiB rollouts / update |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "mode" in r:
             lines.append(f"| {r['step']} | {r['mode']} | {r['seconds']:.1f} | {r['rollout_seconds']:.1f} | "
                          f"{r['update_seconds']:.1f} | {r['generate_calls']} | {r.get('num_tokens') or 0:.0f} | "
-                         f"{r.get('tokens_per_s') or 0:.0f} |")
+                         f"{r.get('tokens_per_s') or 0:.0f} | {gib(r.get('peak_rollout_gib'))} / "
+                         f"{gib(r.get('peak_update_gib'))} |")
     steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in ("old", "new")}
     if steps["old"] and steps["new"]:
         lines += ["", f"mean step: old {sum(steps['old']) / len(steps['old']):.1f} s, new "
