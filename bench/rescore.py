@@ -6,7 +6,7 @@ if the episode completed (an answer given through complete_task); this prints, p
 rate as stored and as rescored, and every row whose correctness flips:
 
     .venv/bin/python bench/rescore.py bench/results            # every eval file under the folder
-    .venv/bin/python bench/rescore.py bench/results/learning/gemma3-270m-seed1/eval_test_step10.jsonl.gz
+    .venv/bin/python bench/rescore.py bench/results/learning/gemma3-270m-seed1/session10-attempt2/eval_test_step10.jsonl.gz
 """
 
 from __future__ import annotations
