@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl import parts, pipeline  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
+from mcp_rl import distributed, parts, pipeline  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
 from mcp_rl.config import apply_overrides, load_config  # noqa: E402
 from mcp_rl.scenarios import load_scenarios, save_scenarios  # noqa: E402
 
@@ -147,6 +147,8 @@ def install_deadline(cfg, start: float, deadline_s: float, timings: dict, *, pau
                   f"final eval ~{final_eval:.0f} s: stopping after step {step + 1}", flush=True)
             cfg_.train.steps = step + 1
             paused["at"] = step + 1 if pause else None
+        # Under torchrun only rank 0 evaluates and times the evaluations: its decision holds on every rank.
+        cfg_.train.steps = distributed.broadcast_object(cfg_.train.steps, f"step budget after step {step + 1}")
         return rec
 
     pipeline.evaluate_policy, pipeline.train_step = timed_eval, budgeted_step
@@ -336,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     counts = heldout_file(cfg.scenarios, derived)
     cfg = apply_overrides(cfg, [f"scenarios={derived}"])
     print(f"held-out file {derived}: {counts} (val relabelled test)", flush=True)
+    if distributed.init() and args.pause:  # under torchrun: join the process group before the model loads
+        ap.error("--pause works in one process only: under torchrun a run goes to its end (--deadline-s still stops "
+                 "its steps in time for the final evaluation)")
     if cfg.train.loader == "unsloth":  # before transformers is imported: Unsloth patches it on import
         from mcp_rl.unsloth_loader import import_unsloth
 
@@ -349,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = build_trainer(cfg, max_batch=args.max_batch or cfg.rollout.concurrency,
                             batch_wait_s=args.batch_wait_s, batch_gap_s=args.batch_gap_s, random_weights=args.random_weights,
                             shape=args.random_shape)
-    timings: dict = {"load_s": time.monotonic() - start}
+    timings: dict = {"load_s": time.monotonic() - start, "ranks": distributed.world()}
     metrics = run_dir / "metrics.jsonl"
     before = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] \
         if args.resume and metrics.exists() else []
@@ -362,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         result = None
         print(e, flush=True)
     timings["total_s"] = time.monotonic() - start
+    if not distributed.is_main():  # under torchrun rank 0 alone writes the run folder and the proof
+        return 0
     if torch.cuda.is_available():  # the trainer resets the peak around each update (train.gpu_peaks)
         steps = ([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else [])
         steps = steps[len(before):]  # this call's steps

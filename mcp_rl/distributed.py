@@ -15,7 +15,9 @@ its `shard` of the sequences, with the loss normaliser of the *whole* step (`tot
 gradients are summed by `all_reduce_grads`, so 2 ranks x half the sequences give the
 gradient of 1 rank x all of them (bench/check_ddp.py checks it). Clipping and AdamW then
 see identical gradients on every rank, so LoRA and optimizer state stay identical;
-`check_same` verifies it (a checksum per rank) when the trainer is built and after each step.
+`check_same` verifies it (sums of weights and moments, and a hash of the LoRA bytes, per rank) when
+the trainer is built and after each step; each step's metrics record what it saw (`rank_state_diff`,
+`rank_lora_identical`) and, on GPUs, every rank's memory peak (`gpu_peak_gib_by_rank`).
 Only rank 0 writes checkpoints, state.json, metrics and reports (`is_main`).
 
 A rank that dies: torchrun stops the others and reports the failed rank; without torchrun the
@@ -26,6 +28,7 @@ writes goes through a temporary name and a rename, so nothing is left half-writt
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 from typing import Any, Iterable, Sequence, TypeVar
 
@@ -181,15 +184,30 @@ def fingerprint(trainer: Any) -> list[float]:
     return [float(trainer.step), weights, moments]
 
 
-def check_same(trainer: Any, what: str = "state check", rtol: float = 1e-6) -> None:
-    """Raise RuntimeError when the ranks' LoRA weights, optimizer state or step differ."""
+def digest(trainer: Any) -> str:
+    """A hash of the LoRA weights' bytes: equal on two ranks only if the weights are bitwise identical."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in trainer.params:
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_same(trainer: Any, what: str = "state check", rtol: float = 1e-6) -> dict:
+    """Raise RuntimeError when the ranks' LoRA weights, optimizer state or step differ (beyond `rtol` of
+    their sums). Returns what was seen: the largest relative difference from rank 0's sums and whether
+    every rank's LoRA weights are bitwise identical ({} in one process)."""
     if not active():
-        return
+        return {}
     mine = fingerprint(trainer)
-    every: list[Any] = [None] * world()
-    _collective(what, dist.all_gather_object, every, mine)
+    gathered: list[Any] = [None] * world()
+    _collective(what, dist.all_gather_object, gathered, (mine, digest(trainer)))
+    every = [f for f, _ in gathered]
+    largest = 0.0
     for r, theirs in enumerate(every):
-        if any(abs(a - b) > rtol * max(1.0, abs(a)) for a, b in zip(every[0], theirs)):
+        diffs = [abs(a - b) / max(1.0, abs(a)) for a, b in zip(every[0], theirs)]
+        largest = max(largest, *diffs)
+        if any(d > rtol for d in diffs):
             raise RuntimeError(f"{what}: rank {r}'s trainer differs from rank 0's (step, weights, moments: "
                                f"{theirs} vs {every[0]}); every rank must build the same model with the same "
                                f"seed and read the same checkpoint (a run folder all ranks see)")
+    return {"rank_state_diff": largest, "rank_lora_identical": len({d for _, d in gathered}) == 1}

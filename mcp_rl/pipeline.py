@@ -249,7 +249,7 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
         rec = await train_step(trainer, server, batch, cfg, step)
         state["step"] = step + 1
         state["history"].append(rec)
-        distributed.check_same(trainer, f"after step {step + 1}")
+        rec.update(distributed.check_same(trainer, f"after step {step + 1}"))  # raises where ranks differ
         due = bool(cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val)
         if due:
             state["pending_eval"] = step + 1

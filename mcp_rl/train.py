@@ -315,6 +315,8 @@ class PortableTrainer(WarmStart, Checkpoints):
                 metrics["updated"] = 1.0
         seconds = time.perf_counter() - start
         metrics.update(peaks)
+        if peaks and distributed.active():  # each GPU's own peak, rank by rank: what one GPU must hold
+            metrics["gpu_peak_gib_by_rank"] = distributed.unshard([max(peaks.values())], "GPU memory peaks")
         metrics.update(step=float(self.step), skipped_steps=float(self.skipped_steps), seconds=seconds, tokens_per_s=metrics["num_tokens"] / max(seconds, 1e-9))
         return metrics
 

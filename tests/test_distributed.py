@@ -103,5 +103,7 @@ def test_the_pipeline_under_torchrun_dies_cleanly_and_resumes(tmp_path):
     state = json.loads((out / "state.json").read_text())
     assert state["step"] == 3 and state["phase"] == "done"
     assert [h["step"] for h in state["history"]] == [0, 1, 2, 3]  # no step lost or repeated
+    steps = state["history"][1:]  # each GRPO step records the ranks' check: bitwise-identical LoRA weights
+    assert all(h["rank_lora_identical"] is True and h["rank_state_diff"] == 0.0 for h in steps), steps
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0002", "step-0003"]
     assert (out / "report.md").exists()

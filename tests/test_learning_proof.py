@@ -172,3 +172,34 @@ def test_proof_md_reports_the_update_sizes(tmp_path, monkeypatch):
             "(step 2)") in text
     history = [h for h in history if "gpu_peak_gib_update" not in h]  # a CPU run: no line
     assert "GPU memory" not in proof_tables(tmp_path, {}, history)["table"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_torchrun_two_ranks_run_to_the_end_and_the_ddp_table_compares_them(tmp_path, tokenizer_dir):
+    """Issue [multi-gpu]'s machinery on gloo: learning_proof.py as 2 ranks vs 1 process, then bench/ddp_table.py.
+    Only rank 0 evaluates, so only it knows the final evaluation's time: its step budget must hold on both
+    ranks (a 90 s deadline that rank 1 alone would meet by stopping after step 1)."""
+    from mcp_rl.launch import free_port
+
+    env = {**os.environ, "TQDM_DISABLE": "1", "MCP_RL_DIST_TIMEOUT_S": "120"}
+    args = ["bench/learning_proof.py", "--config", "bench/learning/smollm2.yaml", "--seed", "0", "--random-weights",
+            str(tokenizer_dir), "--random-shape", "tiny", "--deadline-s", "90", "--set", *SMALL.split(",")]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1"]
+    two = subprocess.run([*torchrun, "--master-port", str(free_port()), *args, "--out", str(tmp_path / "r2")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
+    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "r1")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=200)
+    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-2000:]
+    steps = [json.loads(x) for x in (tmp_path / "r2" / "metrics.jsonl").read_text().splitlines() if "reward_mean" in x]
+    assert len(steps) == 6 and all(h["rank_lora_identical"] is True for h in steps)
+    assert json.loads((tmp_path / "r2" / "timings-call1.json").read_text())["ranks"] == 2  # rank 0's; rank 1 wrote none
+    table = subprocess.run([sys.executable, "bench/ddp_table.py", str(tmp_path / "r1"), str(tmp_path / "r2"), "--json"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    rows = json.loads(table.stdout)
+    assert [(r["ranks"], r["groups"], r["steps"], r["identical"]) for r in rows] == [(1, 2, 6, None), (2, 2, 6, True)]
+    paused = subprocess.run([*torchrun, "--master-port", str(free_port()), *args, "--out", str(tmp_path / "r3"),
+                             "--pause"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    assert paused.returncode != 0 and "--pause works in one process only" in paused.stderr

@@ -440,3 +440,27 @@ def test_gpu_peaks_splits_the_peak_at_the_update_and_resets_it_around_it(monkeyp
     with train_mod.gpu_peaks(torch.device("cpu")) as peaks:
         pass
     assert peaks == {} and len(calls) == 4  # nothing to measure on a CPU
+
+
+def test_under_torch_distributed_each_ranks_gpu_peak_is_in_the_metrics(tiny_policy, monkeypatch):
+    """On GPUs every rank's own peak is gathered (issue [multi-gpu]: the memory per GPU); the collectives
+    are stubbed as a second rank would answer them (the real ones: tests/test_distributed.py)."""
+    import contextlib
+
+    model, tok = tiny_policy
+    trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0), max_seq_len=512)
+
+    @contextlib.contextmanager
+    def peaks(device):
+        yield {"gpu_peak_gib_before_update": 3.0, "gpu_peak_gib_update": 5.0}
+
+    gathered = []
+    stub = types.SimpleNamespace(active=lambda: True, shard=lambda items: list(items), all_reduce_grads=lambda p: None,
+                                 total=lambda values, what="sum": list(values),
+                                 unshard=lambda mine, what="": gathered.append(what) or [*mine, 9.0])
+    monkeypatch.setattr(train_mod, "gpu_peaks", peaks)
+    monkeypatch.setattr(train_mod, "distributed", stub)
+    metrics = trainer.train_step([group(types.SimpleNamespace(model=model, tokenizer=tok))])
+    assert metrics["updated"] == 1 and metrics["gpu_peak_gib_by_rank"] == [5.0, 9.0] and gathered == ["GPU memory peaks"]
+    monkeypatch.setattr(train_mod, "gpu_peaks", lambda device: contextlib.nullcontext({}))  # a CPU: nothing gathered
+    assert "gpu_peak_gib_by_rank" not in trainer.train_step([group(types.SimpleNamespace(model=model, tokenizer=tok))])
