@@ -186,6 +186,8 @@ def load_local_model(name_or_path: str = SMOLLM2, *, dtype: Any = None, device: 
     from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":  # this process's GPU: under torchrun, the rank's own (mcp_rl.distributed.init sets it)
+        device = f"cuda:{torch.cuda.current_device()}"
     if dtype is None:
         dtype = torch.float32 if device == "cpu" else (
             torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16)
