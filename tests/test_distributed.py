@@ -107,3 +107,44 @@ def test_the_pipeline_under_torchrun_dies_cleanly_and_resumes(tmp_path):
     assert all(h["rank_lora_identical"] is True and h["rank_state_diff"] == 0.0 for h in steps), steps
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0002", "step-0003"]
     assert (out / "report.md").exists()
+
+
+def _check_same_rank(rank: int, port: int, offset: float, out: str) -> None:
+    """One gloo rank of the test below: a trainer-like object whose weight rank 1 shifts by `offset`."""
+    import json
+    import os
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        weight = torch.full((4,), 0.5) + (offset if rank == 1 else 0.0)
+        trainer = types.SimpleNamespace(step=3, params=[weight], optimizer=types.SimpleNamespace(state={}))
+        try:
+            seen = distributed.check_same(trainer, "test check")
+        except RuntimeError as e:
+            seen = {"error": str(e)[:200]}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("offset, identical, error", [(0.0, True, False), (1e-7, False, False), (1e-3, None, True)])
+def test_check_same_reports_bitwise_identity_and_raises_past_its_tolerance(tmp_path, offset, identical, error):
+    import json
+
+    import torch.multiprocessing as mp
+
+    from mcp_rl.launch import free_port
+
+    mp.spawn(_check_same_rank, args=(free_port(), offset, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        if error:  # every rank raises, naming the rank that differs
+            assert "rank 1's trainer differs from rank 0's" in seen["error"]
+        else:  # within tolerance: no error, but a difference of even one bit is reported
+            assert seen["rank_lora_identical"] is identical and (seen["rank_state_diff"] > 0) is (not identical)
