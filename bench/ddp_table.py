@@ -38,9 +38,9 @@ def row(run: Path) -> dict:
     timed = [h["seconds"] for h in steps[1:]] or [h["seconds"] for h in steps]
     mean = statistics.mean(timed) if timed else float("nan")
     peaks: list[float] = []
-    for h in steps:
-        per_rank = h.get("gpu_peak_gib_by_rank") or [max((h[k] for k in ("gpu_peak_gib_before_update",
-                                                                            "gpu_peak_gib_update") if k in h), default=0.0)]
+    for h in steps:  # a 1-process run logs its own two phase peaks; N ranks log each rank's largest
+        own = [h[k] for k in ("gpu_peak_gib_before_update", "gpu_peak_gib_update") if k in h]
+        per_rank = h.get("gpu_peak_gib_by_rank") or [max(own, default=0.0)]
         peaks = [max(a, b) for a, b in zip(peaks, per_rank)] if peaks else list(per_rank)
     return {"run": run.name, "ranks": ranks, "groups": cfg.get("train", {}).get("groups_per_step"), "steps": len(steps),
             "mean_step_s": mean, "steps_per_min": 60.0 / mean if mean == mean and mean > 0 else float("nan"),
