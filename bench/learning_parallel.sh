@@ -3,8 +3,8 @@
 # log: a small model leaves most of an H200 idle, and device time is the scarce thing. Runs share the
 # GPU and the CPU, so each one's GRPO steps are slower than alone (the step seconds in its
 # metrics.jsonl say by how much); bench/RESULTS.md reports which runs shared a machine. Mind the memory:
-# measured peaks per run are 38.6 GiB (Gemma 3 270M) and 23-32 GiB (SmolLM2), so an 80 GB H100 holds one
-# Gemma run (three side by side ran out of memory there, section 14) and an H200 two. The last thing a
+# measured peaks per run are 38.6-38.9 GiB (Gemma 3 270M, set by its update, section 16) and 23-32 GiB (SmolLM2),
+# so an 80 GB H100 holds one Gemma run (three side by side ran out of memory there, section 14) and an H200 two. The last thing a
 # call does is write $OUT/learning.tgz: wait for that file (`pgrep -f` also matches the waiting command).
 #
 # On the GPU box, from the repo root, after .dev/gpu/setup.sh (bench/RESULTS.md):
