@@ -26,15 +26,19 @@ def _lines(path: Path) -> list[dict]:
 
 
 def row(run: Path) -> dict:
-    """One run's numbers; raises ValueError naming the file that is missing or unreadable."""
+    """One run's numbers; raises ValueError naming the run whose files are missing, unreadable or malformed."""
     try:
-        steps = [h for h in _lines(run / "metrics.jsonl") if "reward_mean" in h]
-        cfg = json.loads((run / "config.json").read_text())
-        calls = sorted(run.glob("timings-call*.json"))
-        ranks = json.loads(calls[0].read_text()).get("ranks", 1) if calls else 1
-        proof = json.loads((run / "proof.json").read_text()) if (run / "proof.json").exists() else None
-    except (OSError, ValueError) as e:
+        return _row(run)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{run}: not a finished learning-proof run folder ({type(e).__name__}: {str(e)[:120]})") from e
+
+
+def _row(run: Path) -> dict:
+    steps = [h for h in _lines(run / "metrics.jsonl") if "reward_mean" in h]
+    cfg = json.loads((run / "config.json").read_text())
+    calls = sorted(run.glob("timings-call*.json"))
+    ranks = json.loads(calls[0].read_text()).get("ranks", 1) if calls else 1
+    proof = json.loads((run / "proof.json").read_text()) if (run / "proof.json").exists() else None
     timed = [h["seconds"] for h in steps[1:]] or [h["seconds"] for h in steps]
     mean = statistics.mean(timed) if timed else float("nan")
     peaks: list[float] = []
@@ -46,7 +50,7 @@ def row(run: Path) -> dict:
             "mean_step_s": mean, "steps_per_min": 60.0 / mean if mean == mean and mean > 0 else float("nan"),
             "peak_gib": peaks if any(peaks) else [],
             "identical": None if ranks == 1 else all(h.get("rank_lora_identical") is True for h in steps),
-            "trained": proof["comparisons"]["base"]["final"] if proof else None}
+            "trained": proof["comparisons"]["base"]["final"] if proof is not None else None}
 
 
 def table(rows: list[dict]) -> str:

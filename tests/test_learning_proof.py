@@ -203,3 +203,18 @@ def test_under_torchrun_two_ranks_run_to_the_end_and_the_ddp_table_compares_them
     paused = subprocess.run([*torchrun, "--master-port", str(free_port()), *args, "--out", str(tmp_path / "r3"),
                              "--pause"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
     assert paused.returncode != 0 and "--pause works in one process only" in paused.stderr
+
+
+@pytest.mark.parametrize("files", [
+    {},                                                                    # not a run folder
+    {"metrics.jsonl": '{"reward_mean": 0.1, "seco', "config.json": "{}"},  # a half-written metrics line
+    {"metrics.jsonl": '{"reward_mean": 0.1}\n', "config.json": "{}"},      # a step without its seconds
+    {"metrics.jsonl": '{"reward_mean": 0.1, "seconds": 3}\n', "config.json": "{}", "proof.json": '{"comparisons": {}}'},
+])
+def test_the_ddp_table_names_a_run_it_cannot_read(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    out = subprocess.run([sys.executable, "bench/ddp_table.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "not a finished learning-proof run folder" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr) < 400
