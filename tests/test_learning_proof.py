@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -32,43 +33,55 @@ def tokenizer_dir(tmp_path_factory):
     return path
 
 
-def parallel(tmp_path, tokenizer_dir, deadline, *runs):
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path),
+def parallel(tmp_path, tokenizer_dir, deadline, *runs, out="out", machine="runs"):
+    """One device call: a fresh $OUT each time; the run folders under `machine` (/tmp/runs on every GPU box)."""
+    env = {**os.environ, "OUT": str(tmp_path / out), "TMPDIR": str(tmp_path),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "LP_ARGS": f"--random-weights {tokenizer_dir} --random-shape tiny", "LP_RUNS": str(tmp_path / "runs")}
+           "LP_ARGS": f"--random-weights {tokenizer_dir} --random-shape tiny", "LP_RUNS": str(tmp_path / machine)}
     return subprocess.run(["bash", "bench/learning_parallel.sh", str(deadline), *runs], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=280)
 
 
 @pytest.mark.slow
-def test_two_runs_side_by_side_pause_at_the_deadline_and_resume_to_the_end(tmp_path, tokenizer_dir):
+def test_two_runs_pause_move_to_a_fresh_machine_and_resume_to_the_end(tmp_path, tokenizer_dir):
     runs = (f"a:bench/learning/smollm2.yaml:0:{SMALL}", f"b:bench/learning/smollm2.yaml:1:{SMALL}")
     # A 1 s deadline has passed by step 1 however fast the machine: both pause after it. (12 s paused one run
     # and not the other on a fast CI machine: the random model's steps take ~0 s.)
-    first = parallel(tmp_path, tokenizer_dir, 1, *runs)
+    first = parallel(tmp_path, tokenizer_dir, 1, *runs, out="out1")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    logs = tmp_path / "out" / "logs"
-    assert all("paused after step" in (logs / f"{n}-1.log").read_text() for n in "ab"), first.stdout[-2000:]
-    assert not (tmp_path / "out" / "learning").exists()
-    second = parallel(tmp_path, tokenizer_dir, 200, *runs)
+    assert all("paused after step" in (tmp_path / "runs" / "logs" / f"{n}-1.log").read_text() for n in "ab")
+    out1 = tmp_path / "out1"
+    returned = sorted(p.relative_to(out1).as_posix() for p in out1.rglob("*") if p.is_file())
+    assert len(returned) <= 8 and "learning.tgz" in returned, returned  # what a device call can return
+    assert {"state/a.json", "state/b.json", "state/a.tgz.00", "state/b.tgz.00"} <= set(returned), returned
+    # The machine is gone: the next one starts from the returned parts alone, at the same path (setup.sh does this).
+    (tmp_path / "runs").rename(tmp_path / "gone")
+    subprocess.run([sys.executable, "bench/run_state.py", "unpack", str(out1 / "state"), str(tmp_path / "runs")],
+                   cwd=ROOT, check=True, capture_output=True, timeout=60)
+    second = parallel(tmp_path, tokenizer_dir, 200, *runs, out="out2")
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     assert "(pid" in second.stdout and "--resume" in second.stdout
     for name, seed in (("a", 0), ("b", 1)):
-        results = tmp_path / "out" / "learning" / name
+        results = tmp_path / "runs" / "results" / name
         proof = json.loads((results / "proof.json").read_text())
         assert proof["steps"] == 6 and {"base", "warm_start"} <= set(proof["comparisons"])
         assert "Sampling over the GRPO steps: prefill" in (results / "proof.md").read_text()
         assert json.loads((results / "config.json").read_text())["train"]["seed"] == seed
         assert len(list(results.glob("timings-call*.json"))) == 2 and not (results / "checkpoints").exists()
+        assert "paused after step" in (results / "run-call1.log").read_text()  # the first box's log came along
+        assert (results / "run-call2.log").is_file()
         trained = gzip.decompress((results / "eval_trained.jsonl.gz").read_bytes()).decode().splitlines()
         assert [json.loads(x)["scenario_id"] for x in trained] and not list(results.glob("eval_*.jsonl"))
         steps = [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines() if "reward_mean" in x]
         assert [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]  # resumed, no step repeated
-    assert (tmp_path / "out" / "learning.tgz").exists()
-    third = parallel(tmp_path, tokenizer_dir, 200, *runs)
+    with tarfile.open(tmp_path / "out2" / "learning.tgz") as tar:
+        names = tar.getnames()
+    assert "results/a/proof.json" in names and "logs/b-2.log" in names
+    assert not (tmp_path / "out2" / "state").exists()  # finished runs leave no state behind
+    third = parallel(tmp_path, tokenizer_dir, 200, *runs, out="out3")
     assert third.stdout.count(": finished") == 2
-    summary = subprocess.run([sys.executable, "bench/learning_summary.py", str(tmp_path / "out" / "learning"), "--json"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    summary = subprocess.run([sys.executable, "bench/learning_summary.py", str(tmp_path / "runs" / "results"),
+                              "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     data = json.loads(summary.stdout)
     assert [(r["name"], r["seed"], r["steps"]) for r in data["runs"]] == [("a", 0, 6), ("b", 1, 6)]
     assert data["families"]["smollm2"]["seeds"] == 2 and data["unfinished"] == []
