@@ -15,7 +15,7 @@
 # Each call pauses its runs at the deadline (learning_proof.py --pause) and the next call resumes
 # every run whose folder $LP_RUNS/<name> (default /tmp/runs/<name>) exists; a finished run is skipped. A machine
 # can be gone by the next call, so each paused run also leaves as $OUT/state/<name>.tgz.NN parts (bench/run_state.py:
-# its last checkpoint, its folder, its logs; ~55 MiB for SmolLM2): copy them into .dev/gpu/state/ here and carry that
+# its last checkpoint, its folder, its logs; 51.9 MiB for SmolLM2 in session 16): copy them into .dev/gpu/state/ here and carry that
 # folder to a fresh machine, whose .dev/gpu/setup.sh rebuilds the run folder. Logs go to $LP_RUNS/logs/<name>-<n>.log,
 # finished runs' results (their logs as run-call<n>.log) to $LP_RUNS/results/<name>/, and this call's logs and
 # results to $OUT/learning.tgz: with the parts, at most the 8 files a call returns. LP_ARGS adds arguments to
