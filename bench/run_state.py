@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import sys
 import tarfile
@@ -45,8 +46,8 @@ def pack(run_dir: Path, dest: Path, logs: list[Path], part_mib: float = PART_MIB
         raise SystemExit(f"pack: {run_dir} records step {step} (phase {phase}) but has no checkpoints/{keep}")
     name = run_dir.name
     dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob(f"{name}.tgz.*"):
-        old.unlink()
+    for old in [*dest.glob(f"{name}.tgz.*"), dest / f"{name}.json"]:  # the manifest is written last
+        old.unlink(missing_ok=True)
     archive = dest / f"{name}.tgz"
 
     def only_the_last_checkpoint(info: tarfile.TarInfo):
@@ -85,6 +86,22 @@ def _safe_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
     return members
 
 
+def _manifest(path: Path) -> dict:
+    """A manifest `pack` wrote, checked: a half-copied or foreign one gets a one-line error."""
+    try:
+        m = json.loads(path.read_text())
+        m["step"] = int(m["step"])
+        ok = (isinstance(m["run"], str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", m["run"])
+              and all(isinstance(p["file"], str) and "/" not in p["file"] for p in m["parts"]))
+        if ok:
+            return m
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"unpack: {path.name} is not a manifest pack wrote ({type(e).__name__}: {str(e)[:80]}): "
+                         "copy it again") from None
+    raise SystemExit(f"unpack: {path.name} names a run or part that is not a plain file name: not a pack this script "
+                     "wrote")
+
+
 def unpack(src: Path, runs: Path) -> list[str]:
     """Rebuild every packed run in `src` under `runs` (logs under runs/logs); returns the runs rebuilt."""
     done = []
@@ -92,8 +109,8 @@ def unpack(src: Path, runs: Path) -> list[str]:
     if not manifests:
         raise SystemExit(f"unpack: no <run>.json manifest in {src}")
     for mf in manifests:
-        m = json.loads(mf.read_text())
-        name, step = m["run"], int(m["step"])
+        m = _manifest(mf)
+        name, step = m["run"], m["step"]
         target = runs / name
         if (target / "state.json").is_file() and _step(target)[0] >= step:
             print(f"unpack: {target} is already at step {_step(target)[0]} >= the pack's {step}: left as it is")
@@ -119,9 +136,12 @@ def unpack(src: Path, runs: Path) -> list[str]:
             extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.11.4
             tar.extractall(staging, members=_safe_members(tar), **extra)
         archive.unlink()
-        if target.exists():  # an older state of the same run: the pack is further on
-            shutil.rmtree(target)
+        old = runs / f".{name}.older"
+        if target.exists():  # an older state of the same run (the pack is further on): set aside until replaced
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
         (staging / "run" / name).rename(target)
+        shutil.rmtree(old, ignore_errors=True)
         if (staging / "logs").is_dir():
             (runs / "logs").mkdir(exist_ok=True)
             for log in (staging / "logs").iterdir():

@@ -6,6 +6,7 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -62,6 +63,7 @@ def test_unpack_leaves_a_run_that_is_already_further_and_replaces_an_older_one(t
     assert run_state.unpack(tmp_path / "state", tmp_path / "box3") == ["smollm2-seed2"]
     assert json.loads((older / "state.json").read_text())["step"] == 5
     assert sorted(p.name for p in (older / "checkpoints").iterdir()) == ["step-0005"]
+    assert [p.name for p in (tmp_path / "box3").iterdir()] == ["smollm2-seed2"]  # nothing set aside is left
 
 
 def test_a_damaged_or_missing_part_is_named_and_nothing_is_unpacked(tmp_path):
@@ -119,3 +121,16 @@ def test_the_command_line_packs_and_unpacks(tmp_path):
     bad = subprocess.run([sys.executable, "bench/run_state.py", "unpack", str(tmp_path / "nothing"), str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "no <run>.json manifest" in bad.stderr
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"run": "smollm2-seed2", "step": 3, "parts": [{"fi', "is not a manifest pack wrote (JSONDecodeError"),
+    ('{"run": "smollm2-seed2", "parts": []}', "is not a manifest pack wrote (KeyError"),
+    ('{"run": "../elsewhere", "step": 3, "parts": []}', "not a plain file name"),
+])
+def test_a_half_copied_or_foreign_manifest_gets_a_one_line_error(tmp_path, text, needle):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "smollm2-seed2.json").write_text(text)
+    with pytest.raises(SystemExit, match=re.escape(needle)):
+        run_state.unpack(tmp_path / "state", tmp_path / "box")
+    assert not (tmp_path / "box").exists() and not (tmp_path / "elsewhere").exists()
