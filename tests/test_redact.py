@@ -1,0 +1,36 @@
+"""mcp_rl.redact: every way a secret reaches a spec, URL or parameter, table-driven."""
+
+import pytest
+
+from mcp_rl.redact import redact, redact_params
+
+CASES = [
+    ("postgresql://user:PW@host/db", "postgresql://user:***@host/db"),
+    ("uvx mcp-server-postgres postgresql://user:PW@host:5432/db", "uvx mcp-server-postgres postgresql://user:***@host:5432/db"),
+    ("http://alice:s3cret@127.0.0.1:8000/mcp", "http://alice:***@127.0.0.1:8000/mcp"),
+    ("https://h/mcp?key=abc", "https://h/mcp?key=***"),
+    ("https://h/mcp?a=1&token=abc#frag", "https://h/mcp?a=***&token=***#frag"),
+    ("npx server --pat X", "npx server --pat ***"),
+    ("npx server --api-key=sk-123", "npx server --api-key=***"),
+    ("npx server --token 'a b'", "npx server --token ***"),
+    ("psql -U bob -p PW", "psql -U bob -p ***"),
+    ("GITHUB_TOKEN=ghp_1 uvx server", "GITHUB_TOKEN=*** uvx server"),
+    ("PGPASSWORD=x psql", "PGPASSWORD=*** psql"),
+    ("Authorization: Bearer abcdefgh1234", "Authorization: Bearer ***"),
+    # nothing secret: left alone
+    ("python mcp_server.py --transport http --port 8000", "python mcp_server.py --transport http --port 8000"),
+    ("--keyword x --pattern y --max-tokens 9", "--keyword x --pattern y --max-tokens 9"),
+    ("http://127.0.0.1:8000/mcp", "http://127.0.0.1:8000/mcp"),
+]
+
+
+@pytest.mark.parametrize("text,expected", CASES)
+def test_redact(text, expected):
+    assert redact(text) == expected
+
+
+def test_redact_params_masks_keys_and_strings():
+    params = {"api_key": "k", "headers": {"X-Api-Key": "k2"}, "api_base": "http://u:p@h/v1?sig=1",
+              "temperature": 0.5, "token": None}
+    assert redact_params(params) == {"api_key": "***", "headers": {"X-Api-Key": "***"},
+                                     "api_base": "http://u:***@h/v1?sig=***", "temperature": 0.5, "token": None}
