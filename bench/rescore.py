@@ -33,7 +33,7 @@ def rescore(path: Path) -> dict:
     """{file, n, stored, rescored (success rates), flips: [(scenario_id, answer prefix, expected, old, new)]}."""
     rows, stored, now, flips = read_rows(path), 0, 0, []
     for r in rows:
-        new = verify_answer(r.get("answer"), r["expected"]) if r.get("completed") and r.get("expected") is not None \
+        new = verify_answer(r.get("answer"), r["expected"], question=r.get("task") or "") if r.get("completed") and r.get("expected") is not None \
             else r.get("verified", 0.0)
         old_ok, new_ok = r.get("verified", 0.0) >= 0.999, new >= 0.999
         stored, now = stored + old_ok, now + new_ok

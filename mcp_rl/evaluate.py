@@ -26,6 +26,7 @@ from pathlib import Path
 import art
 
 from .audit import TOOL_CALLS, read_tool_calls, tool_call_table
+from .evidence import lookups
 from .rewards import RewardConfig, score_trajectory
 from .rollout import RolloutConfig, gather_rollouts, transcript
 
@@ -47,9 +48,13 @@ class EvalResult:
     pass_at_k: float | None = None
     k: int = 1
     rows: list[dict] = field(default_factory=list, repr=False)
+    # Correct AND shown by a successful tool result of the episode (mcp_rl.evidence): what the reward pays.
+    grounded_rate: float = 0.0
+    grounded_se: float = 0.0
 
     def line(self) -> str:
-        return (f"{self.label}: success {self.success_rate:.1%} ± {self.success_se:.1%} (n={self.n}) "
+        return (f"{self.label}: grounded success {self.grounded_rate:.1%} ± {self.grounded_se:.1%} "
+                f"| correct answers {self.success_rate:.1%} (n={self.n}) "
                 f"| reward {self.mean_reward:.3f} | completed {self.completed_rate:.0%} "
                 f"| turns {self.mean_turns:.1f} | tool errors {self.mean_tool_errors:.2f}")
 
@@ -87,7 +92,10 @@ def rows_from_groups(groups: list[art.TrajectoryGroup], scenarios, reward_cfg: R
                 "task": scenario.task,
                 "expected": scenario.answer,
                 "answer": traj.metadata.get("answer"),
-                "verified": float(traj.metrics.get("reward/verified", 0.0)),
+                # answer correctness alone, and correct with evidence (what the reward pays by default)
+                "verified": float(traj.metrics.get("answer_correct", traj.metrics.get("reward/verified", 0.0))),
+                "grounded": float(traj.metrics.get("grounded", 0.0)),
+                "lookups": len(lookups(traj)),
                 "reward": float(traj.reward),
                 "completed": bool(traj.metrics.get("completed")),
                 "turns": int(traj.metrics.get("turns", 0)),
@@ -110,6 +118,9 @@ def summarize(rows: list[dict], label: str) -> EvalResult:
     firsts = [rs[0] for rs in by_id.values()]
     n = len(firsts)
     p = sum(r["verified"] >= SUCCESS for r in firsts) / n
+    # Rows saved before the grounding rule have no "grounded": they count as ungrounded (bench/rescore.py
+    # rebuilds it from their transcripts).
+    g = sum(float(r.get("grounded", 0.0)) >= SUCCESS for r in firsts) / n
     k = min(len(rs) for rs in by_id.values())
     pass_k = None
     if k > 1:
@@ -119,6 +130,7 @@ def summarize(rows: list[dict], label: str) -> EvalResult:
         label=label, n=n, success_rate=p, success_se=math.sqrt(p * (1 - p) / n),
         mean_reward=mean("reward"), completed_rate=mean("completed"), mean_turns=mean("turns"),
         mean_tool_errors=mean("tool_errors"), fatal_rate=mean("fatal"), pass_at_k=pass_k, k=k, rows=rows,
+        grounded_rate=g, grounded_se=math.sqrt(g * (1 - g) / n),
     )
 
 
@@ -170,7 +182,8 @@ def _firsts(rows: list[dict]) -> dict[str, dict]:
 
 
 def _solved(row: dict) -> bool:
-    return float(row.get("verified", 0.0)) >= SUCCESS
+    """Solved with evidence where the row records it (so a lucky guess is never shown as a win)."""
+    return float(row.get("grounded", row.get("verified", 0.0))) >= SUCCESS
 
 
 def pick_scenarios(before_rows: list[dict], after_rows: list[dict], n: int = 2) -> list[str]:
@@ -257,16 +270,16 @@ def _plots(run_dir: Path, results: list[EvalResult], history: list[dict]) -> lis
     if steps:
         fig, ax = plt.subplots(figsize=(5, 3))
         ax.plot([h["step"] for h in steps], [h["reward_mean"] for h in steps], marker="o", label="reward")
-        ax.plot([h["step"] for h in steps], [h.get("success_rate", 0) for h in steps], marker="s", label="verified success")
+        ax.plot([h["step"] for h in steps], [h.get("grounded_rate", 0) for h in steps], marker="s", label="grounded success")
         ax.set_xlabel("step"), ax.set_ylim(0, 1.05), ax.legend(), ax.set_title("training rollouts")
         fig.tight_layout(), fig.savefig(run_dir / "reward_curve.png", dpi=110), plt.close(fig)
         names.append("reward_curve.png")
     if results:
         fig, ax = plt.subplots(figsize=(5, 3))
         xs = range(len(results))
-        ax.bar(xs, [r.success_rate for r in results], yerr=[r.success_se for r in results], capsize=4)
+        ax.bar(xs, [r.grounded_rate for r in results], yerr=[r.grounded_se for r in results], capsize=4)
         ax.set_xticks(list(xs), [r.label for r in results]), ax.set_ylim(0, 1.05)
-        ax.set_ylabel("verified success"), ax.set_title(f"held-out scenarios (n={results[0].n})")
+        ax.set_ylabel("grounded success"), ax.set_title(f"held-out scenarios (n={results[0].n})")
         fig.tight_layout(), fig.savefig(run_dir / "eval_bars.png", dpi=110), plt.close(fig)
         names.append("eval_bars.png")
     return names
@@ -294,19 +307,27 @@ def write_report(run_dir: str | Path, results: list[EvalResult], history: list[d
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# {title}", "", "## Held-out evaluation (same scenarios for every model)", "",
-             "| model | n | verified success | ± s.e. | mean reward | completed | turns | tool errors |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Grounded success: the answer is right and a successful tool result of the episode showed it "
+             "(what the reward pays); correct answers: right, however it was found.", "",
+             "| model | n | grounded success | ± s.e. | correct answers | mean reward | completed | turns | tool errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r.label} | {r.n} | {r.success_rate:.1%} | {r.success_se:.1%} | {r.mean_reward:.3f} "
-                     f"| {r.completed_rate:.0%} | {r.mean_turns:.1f} | {r.mean_tool_errors:.2f} |")
+        lines.append(f"| {r.label} | {r.n} | {r.grounded_rate:.1%} | {r.grounded_se:.1%} | {r.success_rate:.1%} "
+                     f"| {r.mean_reward:.3f} | {r.completed_rate:.0%} | {r.mean_turns:.1f} | {r.mean_tool_errors:.2f} |")
     lines += _warm_start_lines(history)
     if history:
         # off-policy gap: mean |trainer - sampler| logprob of the trained tokens before the update (0 when on-policy)
-        lines += ["", "## Training steps", "", "| step | reward | verified success | groups trained | skipped | loss | "
-                  "off-policy gap | seconds |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "## Training steps", "", "Hack monitor: correct answers without any lookup, correct answers the "
+                  "evidence rule refused, words per answer, answers copied from a tool result; a flag marks a "
+                  "sudden rise (mcp_rl.evidence.monitor).", "",
+                  "| step | reward | grounded success | correct answers | no lookup | refused | words | copied | "
+                  "groups trained | skipped | loss | off-policy gap | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for h in history:
             if "reward_mean" in h:
-                lines.append(f"| {h['step']} | {h['reward_mean']:.3f} | {h.get('success_rate', 0):.1%} | "
+                lines.append(f"| {h['step']} | {h['reward_mean']:.3f} | {h.get('grounded_rate', 0):.1%} | "
+                             f"{h.get('success_rate', 0):.1%} | {h.get('hack/success_without_lookup', 0):.0%} | "
+                             f"{h.get('hack/rejected_by_evidence', 0):.0%} | {h.get('hack/answer_words', 0):.1f} | "
+                             f"{h.get('hack/copied', 0):.0%}{' ⚑ ' + ', '.join(h['hack_flags']) if h.get('hack_flags') else ''} | "
                              f"{h.get('groups_trained', 0)} | {h.get('groups_skipped', 0)} | {h.get('loss', float('nan')):.4f} | "
                              f"{h.get('logprob_gap', float('nan')):.3f} | {h.get('seconds', 0):.0f} |")
     if calls := read_tool_calls(run_dir / TOOL_CALLS):

@@ -24,6 +24,7 @@ from . import distributed
 from .audit import log_tool_calls
 from .config import Config
 from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
+from .evidence import flags, monitor
 from .parts import rollout_config
 from .policy import DemonstrationPolicy
 from .rewards import score_group
@@ -204,7 +205,9 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     rec = {
         "step": step + 1,
         "reward_mean": sum(t.reward for t in trajs) / max(len(trajs), 1),
-        "success_rate": sum(t.metrics.get("reward/verified", 0) >= 0.999 for t in trajs) / max(len(trajs), 1),
+        "success_rate": sum(t.metrics.get("answer_correct", 0) >= 0.999 for t in trajs) / max(len(trajs), 1),
+        "grounded_rate": sum(t.metrics.get("grounded", 0) >= 0.999 for t in trajs) / max(len(trajs), 1),
+        **monitor(trajs),
         "completed_rate": sum(bool(t.metrics.get("completed")) for t in trajs) / max(len(trajs), 1),
         "groups_skipped": len(skipped), "skipped": skipped, "scenarios": [s.id for s in batch],
         "failed_outside_policy": outside,  # left out of their groups, not trained on
@@ -248,6 +251,7 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
         batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
         rec = await train_step(trainer, server, batch, cfg, step)
         state["step"] = step + 1
+        rec["hack_flags"] = flags(rec, [h for h in state["history"] if "reward_mean" in h])
         state["history"].append(rec)
         rec.update(distributed.check_same(trainer, f"after step {step + 1}"))  # raises where ranks differ
         due = bool(cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val)
@@ -256,10 +260,11 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
         _checkpoint(trainer, run_dir, state)  # the step is committed before its (long) periodic evaluation
         if due:
             await _periodic_eval(trainer, server, val, cfg, run_dir, state)
-        _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | success "
-             f"{rec['success_rate']:.0%} | trained {rec['groups_trained']} groups, skipped "
+        _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | grounded success "
+             f"{rec['grounded_rate']:.0%} (correct {rec['success_rate']:.0%}) | trained {rec['groups_trained']} groups, skipped "
              f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s"
-             + (f" | off-policy gap {rec['logprob_gap']:.3f}" if "logprob_gap" in rec else ""))
+             + (f" | off-policy gap {rec['logprob_gap']:.3f}" if "logprob_gap" in rec else "")
+             + (f" | HACK? {'; '.join(rec['hack_flags'])}" if rec["hack_flags"] else ""))
     return state
 
 

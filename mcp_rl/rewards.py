@@ -6,7 +6,9 @@
 
 Components, each logged per trajectory as `metrics["reward/<name>"]`:
   verified    verify_answer(metadata["answer"], scenario.answer) from mcp_rl.verify, in
-              [0, 1] (only when the scenario has an answer);
+              [0, 1] (only when the scenario has an answer), paid only where a successful tool
+              result showed the value (require_evidence, mcp_rl.evidence); metrics["answer_correct"]
+              and metrics["grounded"] keep the score without and with that rule;
   ruler       ART's RULER judge score, clamped to [0, 1] (only when judge_model is set);
   efficiency  a bonus in [0, 1] for few tool calls, only for a fully verified-correct answer
               (RULER's default rubric already ranks efficiency within a group);
@@ -34,6 +36,7 @@ from art.rewards.ruler import DEFAULT_RUBRIC
 
 # Re-exported (`from mcp_rl.rewards import verify_answer`). Absolute, so that the doctest
 # command above, which imports this file as a top-level module, still works.
+from mcp_rl.evidence import evidence
 from mcp_rl.verify import verify_answer
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,9 @@ class RewardConfig:
     abs_tol: float = _f(1e-4, "absolute tolerance for numeric answers near zero")
     exact_integers: bool = _f(True, "plainly written answers must match the ground truth to the coarser stated "
                                         "digit ('149.0' is not 148; '41.3' is not 41.7), not just within rel_tol")
+    require_evidence: bool = _f(True, "pay verified credit only when a successful tool result of the episode shows "
+                                       "the expected value (the grounding rule, mcp_rl.evidence): a right guess earns "
+                                       "nothing; False pays answer correctness alone")
     require_complete_task: bool = _f(True, "verify only answers given through complete_task (a prose reply scores 0: "
                                             "otherwise the last number of a guess can match a small answer)")
     success_threshold: float = _f(1.0, "verified score that counts as correct (gates the efficiency bonus)")
@@ -234,11 +240,17 @@ def _apply(traj: art.Trajectory, expected: Any, cfg: RewardConfig, sid: str, *, 
         answer = traj.metadata.get("answer")
         if cfg.require_complete_task and not m.get("completed"):
             answer = None
+        opts = dict(question=str(getattr(scenario, "task", "") or ""), rel_tol=cfg.rel_tol, abs_tol=cfg.abs_tol,
+                    exact_integers=cfg.exact_integers)
         try:
-            values["verified"] = verify_answer(answer, expected, rel_tol=cfg.rel_tol,
-                                               abs_tol=cfg.abs_tol, exact_integers=cfg.exact_integers)
+            correct = verify_answer(answer, expected, **opts)
+            grounded = verify_answer(answer, expected, evidence=evidence(traj), **opts) if correct else 0.0
         except (TypeError, ValueError) as e:
             log.warning("scenario %s: cannot verify its answer (%s); verified reward left out", sid, e)
+        else:
+            # Logged both ways: the hack monitor counts correct answers the evidence rule refused.
+            m["answer_correct"], m["grounded"] = correct, grounded
+            values["verified"] = grounded if cfg.require_evidence else correct
     if ruler is not None:
         values["ruler"] = ruler
     elif judge_failed and "verified" in values:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from .audit import record_tool_call
 from .connect import ServerUnavailable, ToolSession
+from .evidence import record_lookup
 from .guard import ToolPolicy, ToolPolicyError, short
 from .policy import ContextOverflow, PolicyError, find_tool_calls
 
@@ -148,7 +149,9 @@ async def _run_tool_call(session: ToolSession, traj: art.Trajectory, call) -> st
     t0 = time.perf_counter()
     result = await session.call(name, args)
     record_tool_call(traj.metadata["scenario_id"], name, args, result.kind, time.perf_counter() - t0)
-    if result.is_error:
+    if not result.is_error:
+        record_lookup(traj, name, args, result.text)  # the evidence a grounded answer needs (evidence.py)
+    else:
         m["tool_errors"] += 1
         if result.kind == "unknown_tool":
             m["unknown_tools"] += 1

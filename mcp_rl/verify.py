@@ -3,8 +3,9 @@
     verify_answer("There are 42 employees.", 42)        # 1.0
     verify_answer("Sales, Bob", ["Alice", "Bob"])        # 0.5 (order-insensitive F1)
 
-Numbers (formatting, scale words, percents, tolerance), dates, yes/no, strings (normalized,
-hedges rejected) and lists are read by the rules in `verify_answer`'s docstring. Pure
+Numbers (formatting, scale words, percents, tolerance), dates, yes/no, strings (normalized)
+and lists are read by the rules in `verify_answer`'s docstring; an answer that names several
+candidates where one is asked (a hedge: "Engineering Finance Legal", "1 2 3") earns nothing. Pure
 functions, no I/O; `mcp_rl.rewards` re-exports `verify_answer` and weighs it with the rest.
 Run the doctests: `python -m doctest mcp_rl/verify.py`.
 """
@@ -17,9 +18,9 @@ import math
 import re
 import unicodedata
 from datetime import date, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
-__all__ = ["verify_answer", "normalize"]
+__all__ = ["verify_answer", "normalize", "shown", "Evidence"]
 
 # Hand-written: no kept library compares free-text agent answers to SQL results
 # (math_verify-style graders target LaTeX). dateutil is avoided on purpose: its fuzzy
@@ -45,6 +46,15 @@ _WORDS = {w: i for i, w in enumerate(
 # Extra words that turn "contains the answer" into a hedge or a denial.
 _HEDGES = {"or", "not", "no", "nor", "never", "either", "neither", "isnt", "arent", "wasnt", "unknown"}
 _TRUE, _FALSE = {"yes", "true", "y", "correct"}, {"no", "false", "n", "incorrect"}
+# Words an answer may carry around the expected value without naming another candidate: function
+# words, and the generic nouns of a sentence that restates the question. Any other word that the
+# question does not hold makes a one-value answer a hedge ("Customer Support Engineering Finance").
+_FILLER = set("""
+a an the is are was were be been being am it its this that these those there here of in on at to for from by
+with as has have had do does did which who whom whose what where when how than then so its it's s i we our
+they their them he she his her you your answer final result total value named called name department dept
+team group person people one only just exactly overall count number amount
+""".split())
 
 
 class _Num(NamedTuple):
@@ -78,14 +88,6 @@ def _whole_number(text: str) -> _Num | None:
     return _num(m, approx) if m else None
 
 
-def _find_number(text: str) -> _Num | None:
-    """The whole string as a number, else the LAST number in the text (dates removed)."""
-    if (n := _whole_number(text)) is not None:
-        return n
-    found = list(_NUM_RE.finditer(_DATE_RE.sub(" ", text)))
-    return _num(found[-1]) if found else None
-
-
 def _date(m: re.Match) -> date | None:
     try:
         if m["iso"]:
@@ -98,14 +100,12 @@ def _date(m: re.Match) -> date | None:
         return None
 
 
-def _find_date(text: str, whole: bool = False) -> date | None:
+def _find_date(text: str) -> date | None:
+    """The date `text` is, if it is one, perhaps with a time of day (ignored)."""
     s = text.strip().rstrip(".")
-    if whole:  # the string is one date, perhaps with a time of day (ignored)
-        s = re.sub(r"[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?$", "", s)
-        m = _DATE_RE.fullmatch(s)
-        return _date(m) if m else None
-    found = [d for d in map(_date, _DATE_RE.finditer(s)) if d]
-    return found[-1] if found else None
+    s = re.sub(r"[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?$", "", s)
+    m = _DATE_RE.fullmatch(s)
+    return _date(m) if m else None
 
 
 def normalize(text: str) -> str:
@@ -120,13 +120,26 @@ def normalize(text: str) -> str:
     return " ".join(w for w in s.split() if w not in ("a", "an", "the"))
 
 
-def _string_match(pred: str, exp: str) -> float:
+def _stem(word: str) -> str:
+    """A crude stem, enough to see that "works" restates the question's "work"."""
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def _string_match(pred: str, exp: str, question: str = "") -> float:
     p, e = normalize(pred).split(), normalize(exp).split()
     if not e:
         return float(pred.strip().lower() == exp.strip().lower())
+    asked = {_stem(w) for w in normalize(question).split()} | {_stem(w) for w in e}
     for i in range(len(p) - len(e) + 1):
         if p[i:i + len(e)] == e:
-            return float(not (_HEDGES & set(p[:i] + p[i + len(e):])))
+            rest = p[:i] + p[i + len(e):]
+            # A hedge word, or a content word the question does not hold (another candidate,
+            # whatever the separator: spaces, slashes, a list, a table), earns nothing.
+            other = [w for w in rest if w not in _FILLER and not w.isdigit() and _stem(w) not in asked]
+            return float(not (_HEDGES & set(rest)) and not other)
     return 0.0
 
 
@@ -145,28 +158,56 @@ def _close(p: _Num, e: _Num, rel_tol: float, abs_tol: float, exact_integers: boo
     return False
 
 
-def _scalar(pred: str, exp: Any, rel_tol: float, abs_tol: float, exact_integers: bool) -> float:
+def _numbers(text: str) -> list[_Num]:
+    """Every number written in `text`, dates removed ("as of 2024-01-05" is no number)."""
+    if (n := _whole_number(text)) is not None:
+        return [n]
+    return [_num(m) for m in _NUM_RE.finditer(_DATE_RE.sub(" ", text))]
+
+
+def _one_value(found: list, asked: list, same) -> Any | None:
+    """The one value an answer gives, leaving out the values the question itself holds; None when
+    it gives several different ones (a hedge: "10 20 30 40") or none."""
+    own = [x for x in found if not any(same(x, q) for q in asked)] or found
+    if not own or any(not same(x, own[-1]) for x in own):
+        return None
+    return own[-1]
+
+
+def _scalar(pred: str, exp: Any, rel_tol: float, abs_tol: float, exact_integers: bool, question: str = "") -> float:
     if isinstance(exp, bool):
-        words = normalize(pred).split()
-        return float(bool(words) and words[0] in (_TRUE if exp else _FALSE))
+        words = set(normalize(pred).split())
+        said_true, said_false = bool(words & _TRUE), bool(words & _FALSE)
+        first = normalize(pred).split()[:1]
+        # "yes no" names both: a hedge, whichever comes first.
+        return float(bool(first) and first[0] in (_TRUE if exp else _FALSE) and not (said_true and said_false))
     if isinstance(exp, (int, float)):
         if not math.isfinite(exp):
             raise ValueError(f"expected answer {exp!r} is not a finite number; fix the scenario")
         e_num = _Num(float(exp), True, False, _decimals(repr(float(exp))) if "e" not in repr(float(exp)) else 17)
     elif isinstance(exp, (date, datetime)):
-        d = _find_date(pred)
-        return float(d is not None and d == (exp.date() if isinstance(exp, datetime) else exp))
+        e_day = exp.date() if isinstance(exp, datetime) else exp
+        return float(_date_of(pred, question) == e_day)
     elif isinstance(exp, str):
-        if (e_date := _find_date(exp, whole=True)) is not None:
-            return float(_find_date(pred) == e_date)
+        if (e_date := _find_date(exp)) is not None:
+            return float(_date_of(pred, question) == e_date)
         if (e_num := _whole_number(exp)) is None:
-            items = _split_items(pred)  # "Sales, Marketing, Finance" names three: scored as a list
-            return _string_match(pred, exp) if len(items) < 2 else _f1(items, [exp], rel_tol, abs_tol, exact_integers)
+            return _string_match(pred, exp, question)
     else:
         raise TypeError(f"cannot verify against an expected answer of type {type(exp).__name__}; "
                         "use str, int, float, bool, a date, or a list of those")
-    p_num = _find_number(pred)
+    if _HEDGES & {"or", "either", "neither", "nor"} & set(normalize(pred).split()):
+        return 0.0
+    same = lambda a, b: _close(a, b, rel_tol, abs_tol, exact_integers) or _close(b, a, rel_tol, abs_tol, exact_integers)  # noqa: E731
+    p_num = _one_value(_numbers(pred), _numbers(question) if question else [], same)
     return float(p_num is not None and _close(p_num, e_num, rel_tol, abs_tol, exact_integers))
+
+
+def _date_of(pred: str, question: str) -> date | None:
+    s = pred.strip().rstrip(".")
+    found = [d for d in map(_date, _DATE_RE.finditer(s)) if d]
+    asked = [d for d in map(_date, _DATE_RE.finditer(question)) if d]
+    return _one_value(found, asked, lambda a, b: a == b)
 
 
 def _split_items(pred: str) -> list[str]:
@@ -187,28 +228,31 @@ def _split_items(pred: str) -> list[str]:
     return [x for x in items if x]
 
 
-def verify_answer(predicted: str | None, expected: Any, *, rel_tol: float = 1e-2,
-                  abs_tol: float = 1e-4, exact_integers: bool = True) -> float:
+def verify_answer(predicted: str | None, expected: Any, *, question: str = "", evidence: Evidence | None = None,
+                  rel_tol: float = 1e-2, abs_tol: float = 1e-4, exact_integers: bool = True) -> float:
     """Score an agent's final answer against a verified ground truth, in [0, 1].
 
-    Rules (in this order, by the type of `expected`):
-    - bool: the first word of the answer is yes/true or no/false.
+    Rules (in this order, by the type of `expected`). An answer that names several candidates
+    where one is asked scores 0 (a hedge), whatever the separator; `question` (the task) lets an
+    answer restate what was asked without that counting as another candidate.
+    - bool: the first word of the answer is yes/true or no/false, and it does not say both.
     - number (or a string that is one, "$1,234.50", "12.5%"): the answer is read as a number
-      if it is nothing but one ("1,234", "$1.2M", "about 42", "three"), else the LAST number
-      in the text counts (agents put the result at the end: "of 5 teams ... 42"). Match within
-      rel_tol / abs_tol; when both sides are written plainly (no "about", scale word or exponent),
-      also within half a unit of the coarser stated digit (exact_integers): "43" and "149.0" miss
-      42 and 148, "41.3" misses 41.7, "41.66" matches it. A percent on either side matches the
-      value or its fraction.
-    - date (a date object or a string that is one): the last date in the answer, any of
-      2024-01-15, 01/15/2024 (US order), 15 Jan 2024, January 15th, 2024; time of day ignored.
-    - string: equal after `normalize`, or contained as whole words when the extra words hold
-      no hedge or denial ("or", "not", ...). An answer that splits into several items ("Sales,
-      Marketing") is scored as a list against the one expected item, so naming every candidate
-      does not earn full credit.
+      if it is nothing but one ("1,234", "$1.2M", "about 42", "three"); else every number in
+      the text other than those the question holds must be the same value ("There are 42
+      employees" is 42; "10 20 30 40" and "42 or 43" are hedges). Match within rel_tol / abs_tol;
+      when both sides are written plainly (no "about", scale word or exponent), also within half a
+      unit of the coarser stated digit (exact_integers): "43" and "149.0" miss 42 and 148, "41.3"
+      misses 41.7, "41.66" matches it. A percent on either side matches the value or its fraction.
+    - date (a date object or a string that is one): the one date in the answer (other than the
+      question's), any of 2024-01-15, 01/15/2024 (US order), 15 Jan 2024, January 15th, 2024.
+    - string: equal after `normalize`, or contained as whole words when every other word is a
+      function word or restates the question: "The Engineering department" is Engineering,
+      "Engineering or Sales", "not Engineering" and "Customer Support Engineering Finance" are not.
     - list/tuple/set: order-insensitive F1 (2*matched / (len(expected) + len(answer items)))
       over a one-to-one matching of items by the rules above, so both missing and extra
       items cost credit. The answer is split as a JSON/Python list or on , ; "and" newlines.
+    With `evidence` (the episode's successful tool results, see `shown`), an expected value (each
+    item of a list) counts only if a tool result showed it: a right guess earns nothing.
 
     >>> verify_answer("There are 42 employees.", 42)
     1.0
@@ -222,6 +266,8 @@ def verify_answer(predicted: str | None, expected: Any, *, rel_tol: float = 1e-2
     0.5
     >>> verify_answer("Jan 15, 2024", "2024-01-15"), verify_answer(None, 1)
     (1.0, 0.0)
+    >>> verify_answer("42", 42, evidence=[("42", "SELECT COUNT(*) FROM t")]), verify_answer("42", 42, evidence=[])
+    (1.0, 0.0)
     """
     if expected is None:
         raise ValueError("expected is None: the scenario has no verified answer; "
@@ -230,18 +276,58 @@ def verify_answer(predicted: str | None, expected: Any, *, rel_tol: float = 1e-2
         return 0.0
     pred = str(predicted)
     opts = (rel_tol, abs_tol, exact_integers)
+    seen = (lambda e: True) if evidence is None else (lambda e: shown(e, evidence, question, *opts))  # noqa: E731
     if not isinstance(expected, (list, tuple, set, frozenset)):
-        return _scalar(pred, expected, *opts)
-    return _f1(_split_items(pred), list(expected), *opts)
+        return _scalar(pred, expected, *opts, question) if seen(expected) else 0.0
+    return _f1(_split_items(pred), list(expected), *opts, seen=seen)
 
 
-def _f1(items: list[str], exp_items: list, *opts: Any) -> float:
+def _f1(items: list[str], exp_items: list, *opts: Any, seen=lambda e: True) -> float:
     if not exp_items or not items:
         return float(not exp_items and not items)
     unused, matched = list(items), 0
     for e in exp_items:
-        hit = next((p for p in unused if _scalar(p, e, *opts) == 1.0), None)
+        hit = next((p for p in unused if _scalar(p, e, *opts) == 1.0), None) if seen(e) else None
         if hit is not None:
             unused.remove(hit)
             matched += 1
     return 2 * matched / (len(exp_items) + len(items))
+
+
+# (values a tool result showed, the arguments of the call that returned them): see `shown`.
+Evidence = Sequence[tuple[str, str]]
+
+
+def _holds(text: str, exp: Any, opts: tuple) -> bool:
+    """`text` writes the value `exp` somewhere (a number within tolerance, a date, whole words)."""
+    if isinstance(exp, (date, datetime)) or (isinstance(exp, str) and _find_date(exp)):
+        day = exp if isinstance(exp, date) and not isinstance(exp, datetime) else (
+            exp.date() if isinstance(exp, datetime) else _find_date(exp))
+        return any(_date(m) == day for m in _DATE_RE.finditer(text))
+    e_num = _Num(float(exp), True, False, _decimals(repr(float(exp)))) if isinstance(exp, (int, float)) else \
+        _whole_number(exp) if isinstance(exp, str) else None
+    if e_num is not None:
+        return any(_close(_num(m), e_num, *opts) for m in _NUM_RE.finditer(_DATE_RE.sub(" ", text)))
+    e, t = normalize(str(exp)).split(), normalize(text).split()
+    return bool(e) and any(t[i:i + len(e)] == e for i in range(len(t) - len(e) + 1))
+
+
+def shown(expected: Any, evidence: Evidence, question: str = "", rel_tol: float = 1e-2, abs_tol: float = 1e-4,
+          exact_integers: bool = True) -> bool:
+    """Whether some successful tool result in `evidence` shows `expected`: the grounding rule.
+
+    The value must be in what the server returned, and not merely echoed from the call's own
+    arguments (`SELECT 'Engineering'`, `SELECT 42`) unless the question itself names it. A yes/no
+    answer cannot be read off a result: any successful lookup grounds it.
+
+    >>> shown("Engineering", [("Engineering", "SELECT d.name FROM departments d ...")])
+    True
+    >>> shown("Engineering", [("Engineering", "SELECT 'Engineering'")]), shown(42, [])
+    (False, False)
+    """
+    if isinstance(expected, bool):
+        return bool(evidence)
+    opts = (rel_tol, abs_tol, exact_integers)
+    asked = bool(question) and _holds(question, expected, opts)
+    return any(_holds(result, expected, opts) and (asked or not _holds(args, expected, opts))
+               for result, args in evidence)

@@ -55,7 +55,8 @@ async def test_evaluate_then_report_recomputes_from_saved_rows(tmp_path):
     again = load_eval(tmp_path, "base")
     assert (again.success_rate, again.success_se, again.mean_reward) == (result.success_rate, result.success_se, result.mean_reward)
     report = write_report(tmp_path, [result], [{"step": 1, "reward_mean": 0.4, "success_rate": 0.5}]).read_text()
-    assert "| base | 6 | 50.0% |" in report
+    # no lookups: right answers, none grounded
+    assert "| base | 6 | 0.0% | 0.0% | 50.0% |" in report and result.grounded_rate == 0.0
     assert (tmp_path / "eval_bars.png").stat().st_size > 1000 and (tmp_path / "reward_curve.png").exists()
     assert json.loads((tmp_path / "summary.json").read_text())[0]["success_rate"] == 0.5
 

@@ -75,7 +75,8 @@ def test_config_fields_have_help():
 
 
 # ---------------------------------------------------------------- composite
-def make_traj(answer, *, tool_calls=2, tool_errors=0, malformed=0, completed=True, text=None):
+def make_traj(answer, *, tool_calls=2, tool_errors=0, malformed=0, completed=True, text=None, shown="42"):
+    """A finished episode; `shown` is what its one successful lookup returned (None: no lookup)."""
     choice = Choice(finish_reason="stop", index=0, message=ChatCompletionMessage(
         role="assistant", content=text or f"<tool_call>{{\"name\": \"complete_task\", \"arguments\": "
                                            f"{{\"answer\": \"{answer}\"}}}}</tool_call>"))
@@ -89,12 +90,29 @@ def make_traj(answer, *, tool_calls=2, tool_errors=0, malformed=0, completed=Tru
         metrics={"turns": 2, "tool_calls": tool_calls, "tool_errors": tool_errors,
                  "malformed_calls": malformed, "completed": completed, "ran_out_of_turns": False,
                  "fatal": False, "latency_s": 0.1},
-        metadata={"scenario_id": "s1", "answer": answer, "policy": "test", "policy_step": 0},
+        metadata={"scenario_id": "s1", "answer": answer, "policy": "test", "policy_step": 0,
+                  **({"lookups": json.dumps([["run_query", '{"sql": "SELECT COUNT(*) FROM employees"}',
+                                             f"COUNT(*)\n--------\n{shown}\n(1 row)"]])} if shown is not None else {})},
     )
 
 
 SCENARIO = SimpleNamespace(id="s1", answer=42)         # duck-typed Scenario
 UNVERIFIABLE = SimpleNamespace(id="s2", answer=None)
+
+
+@pytest.mark.parametrize("shown,require,paid", [
+    ("42", True, 1.0),     # the lookup showed 42: grounded
+    (None, True, 0.0),     # no lookup: a right guess earns nothing
+    ("41", True, 0.0),     # the lookup showed something else
+    ("1", True, 0.0),      # "(1 row)" is a footer, not a value: no evidence of 1 either
+    (None, False, 1.0),    # require_evidence=False pays correctness alone
+])
+def test_verified_credit_needs_evidence(shown, require, paid):
+    t = make_traj("42", shown=shown)
+    score_trajectory(t, SCENARIO, RewardConfig(require_evidence=require))
+    assert t.metrics["reward/verified"] == paid
+    assert t.metrics["answer_correct"] == 1.0
+    assert t.metrics["grounded"] == float(shown == "42")
 
 
 def test_score_trajectory_sums_weighted_components():
@@ -411,5 +429,6 @@ def test_prose_answers_are_not_verified_unless_allowed(completed, require, expec
                           metrics={"completed": completed, "turns": 1, "tool_calls": 1, "tool_errors": 0,
                                    "malformed_calls": 0, "ran_out_of_turns": False, "fatal": False},
                           metadata={"answer": "I think it is 1"})
-    score_trajectory(traj, SimpleNamespace(id="s", answer=1), RewardConfig(require_complete_task=require))
+    score_trajectory(traj, SimpleNamespace(id="s", answer=1),
+                     RewardConfig(require_complete_task=require, require_evidence=False))  # this rule alone
     assert traj.metrics["reward/verified"] == expected_verified

@@ -54,7 +54,7 @@ VERIFY_CASES = [
     ("25%", 0.125, 0.0),
     # numbers in sentences: the whole string, else the last number
     ("There are 42 employees.", 42, 1.0),
-    ("Of the 5 departments, Engineering has 42 employees", 42, 1.0),
+    ("Of the 5 departments, Engineering has 42 employees", 42, 0.0),  # two numbers, one asked: a hedge
     ("42 employees in 5 departments", 42, 0.0),
     ("As of 2024-01-05 there are 42 open tickets", 42, 1.0),
     ("no number here", 42, 0.0),
@@ -71,9 +71,8 @@ VERIFY_CASES = [
     ("Engineering or Sales", "Engineering", 0.0),   # hedges get nothing
     ("not Engineering", "Engineering", 0.0),
     ("Sales", "Engineering", 0.0),
-    ("Sales and Marketing", "Sales", 2 / 3),        # several names for one: scored as a list
-    ("Engineering, Sales, Marketing, Finance, Operations", "Sales", 2 / 6),
-    ("The lead of Tempest works in Sales.", "Sales", 1.0),
+    ("Sales and Marketing", "Sales", 0.0),          # several names where one is asked: nothing
+    ("Engineering, Sales, Marketing, Finance, Operations", "Sales", 0.0),
     # booleans
     ("Yes, it does.", True, 1.0),
     ("true", True, 1.0),
@@ -104,6 +103,64 @@ VERIFY_CASES = [
     ("[]", [], 1.0),
     ("Alice", [], 0.0),
 ]
+
+
+# Hedges: several candidates where one is asked score 0 whatever the separator. The first rows are
+# answers RL policies found (bench/results/learning/gemma3-270m-seed1, eval_trained and steps 10-30).
+DEPTS = "Customer Support Engineering Finance Human Resources Legal Marketing Operations"
+HEDGE_CASES = [
+    (DEPTS, "Engineering", "In which department does Ava Hill work?", 0.0),
+    (DEPTS, ["Legal"], "Which departments are located in Austin?", 0.0),
+    ("Customer Support, Engineering, Finance, Legal, Research, Sales", "Sales",
+     "In which department does the lead of Tempest Webinar Series work?", 0.0),
+    ("Engineering\nFinance\nLegal", "Finance", "Which department has the largest budget?", 0.0),
+    ("Engineering / Finance", "Finance", "Which department has the largest budget?", 0.0),
+    ('["Engineering", "Finance"]', "Finance", "Which department has the largest budget?", 0.0),
+    ("| name |\n|---|\n| Engineering |\n| Finance |", "Finance", "Which department has the largest budget?", 0.0),
+    ("Finance or Legal", "Finance", "Which department has the largest budget?", 0.0),
+    ("1 2 3 4 5 6 7 8 9 10", 7, "How many projects started in 2023?", 0.0),
+    ("7 or 8", 7, "How many projects started in 2023?", 0.0),
+    ("7, 8", 7, "How many projects started in 2023?", 0.0),
+    ("yes no", True, "Is anyone in Legal remote?", 0.0),
+    ("2024-01-15 2024-02-01", "2024-01-15", "When was Ava Hill hired?", 0.0),
+    # honest answers that restate the question keep their credit
+    ("The lead of Tempest works in Sales.", "Sales", "In which department does the lead of Tempest work?", 1.0),
+    ("The Finance department has the largest budget", "Finance", "Which department has the largest budget?", 1.0),
+    ("7 projects started in 2023", 7, "How many projects started in 2023?", 1.0),
+    ("Engineering has 42 employees", 42, "Of the 5 departments, how many employees has Engineering?", 1.0),
+    ("Yes", True, "Is anyone in Legal remote?", 1.0),
+    ("Alice, Bob", ["Alice", "Bob"], "Who leads two projects?", 1.0),    # list questions keep their F1
+    ("Alice, Bob, Carol", ["Alice", "Bob"], "Who leads two projects?", 0.8),
+]
+
+
+@pytest.mark.parametrize("predicted,expected,question,score", HEDGE_CASES)
+def test_hedges_score_nothing(predicted, expected, question, score):
+    assert verify_answer(predicted, expected, question=question) == pytest.approx(score)
+
+
+# The grounding rule (verify.shown): (values a successful result showed, that call's arguments).
+EVIDENCE_CASES = [
+    ("42", 42, "How many?", [("42", "SELECT COUNT(*) FROM employees")], 1.0),
+    ("42", 42, "How many?", [], 0.0),                                          # no lookup: a guess
+    ("1", 1, "How many?", [("0", "SELECT COUNT(*) FROM employees WHERE x")], 0.0),  # the lookup said 0
+    ("1", 1, "How many?", [("1", "SELECT 1")], 0.0),                            # echoed from the call
+    ("Engineering", "Engineering", "Which department?", [("Engineering", "SELECT 'Engineering'")], 0.0),
+    ("Engineering", "Engineering", "Which department?",
+     [("Engineering", "SELECT d.name FROM departments d JOIN employees e ON ...")], 1.0),
+    ("Engineering", "Engineering", "Engineering or Sales: which is larger?",  # the question names it
+     [("Engineering", "SELECT name FROM departments WHERE name IN ('Engineering', 'Sales') ...")], 1.0),
+    ("41.67", 41.67, "Average?", [("41.666666", "SELECT AVG(x) FROM t")], 1.0),
+    ("2024-01-15", "2024-01-15", "When?", [("2024-01-15", "SELECT hire_date FROM employees ...")], 1.0),
+    ("Yes", True, "Is anyone remote?", [("3", "SELECT COUNT(*) FROM employees WHERE remote")], 1.0),
+    ("Yes", True, "Is anyone remote?", [], 0.0),
+    ("Alice, Bob", ["Alice", "Bob"], "Who?", [("Alice", "q1")], 2 / 4),          # only Alice was seen
+]
+
+
+@pytest.mark.parametrize("predicted,expected,question,evidence,score", EVIDENCE_CASES)
+def test_credit_needs_evidence(predicted, expected, question, evidence, score):
+    assert verify_answer(predicted, expected, question=question, evidence=evidence) == pytest.approx(score)
 
 
 @pytest.mark.parametrize("predicted,expected,score", VERIFY_CASES)

@@ -1,0 +1,128 @@
+"""Evidence: what an episode's successful tool calls returned, for the grounding rule and the hack monitor.
+
+    record_lookup(traj, "run_query", {"sql": "SELECT ..."}, result_text)   # rollout.py, per good call
+    verify_answer(answer, expected, evidence=evidence(traj))               # rewards.py: grounded credit
+    hack_signals(traj)                                                     # {"answer_chars", "candidates", ...}
+
+A rollout keeps, in `metadata["lookups"]` (a JSON string: ART metadata holds only scalars), each
+call that the server answered without an error: [tool, arguments as JSON, result text]. `evidence`
+turns them into (values, arguments) pairs for `mcp_rl.verify.shown`: a result that reads as a table
+(any format `mcp_rl.sqlresults.parse_table` knows) gives its cells only, so a row count footer
+("(1 row)") or a column name is no evidence of the number 1; an error in disguise
+("Database error: ...") gives nothing. The rule sees tool results, not a schema: it holds for any
+server. DESIGN.md ("The grounding rule") says what it accepts and rejects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import art
+
+from mcp_rl.sqlresults import error_text, parse_table
+from mcp_rl.verify import normalize
+
+__all__ = ["LOOKUPS", "record_lookup", "lookups", "evidence", "values_of", "hack_signals"]
+
+LOOKUPS = "lookups"
+
+
+def record_lookup(traj: art.Trajectory, tool: str, args: dict, result: str) -> None:
+    """Append one successful call to the trajectory's lookups."""
+    rows = lookups(traj)
+    rows.append([tool, json.dumps(args, ensure_ascii=False, default=str), result])
+    traj.metadata[LOOKUPS] = json.dumps(rows, ensure_ascii=False)
+
+
+def lookups(traj: art.Trajectory) -> list[list[str]]:
+    """[[tool, args_json, result], ...] of the successful calls, in order ([] for none or a bad record)."""
+    try:
+        rows = json.loads(traj.metadata.get(LOOKUPS) or "[]")
+    except (TypeError, ValueError):
+        return []
+    return [r for r in rows if isinstance(r, list) and len(r) == 3] if isinstance(rows, list) else []
+
+
+def values_of(result: str) -> str | None:
+    """The values a tool result shows: a table's cells one per line, else the text; None for an error.
+
+    >>> values_of("n\\n--\\n1\\n(1 row)")
+    '1'
+    >>> values_of("Database error: no such table: x") is None
+    True
+    """
+    if error_text(result):
+        return None
+    try:
+        _, rows = parse_table(result)
+    except ValueError:
+        return result
+    return "\n".join(str(cell) for row in rows for cell in row if cell is not None)
+
+
+def evidence(traj: art.Trajectory) -> list[tuple[str, str]]:
+    """(values, arguments) of every successful lookup, for `verify_answer(..., evidence=...)`."""
+    out = []
+    for _tool, args, result in lookups(traj):
+        if (values := values_of(result)) is not None:
+            out.append((values, args))
+    return out
+
+
+def hack_signals(traj: art.Trajectory) -> dict[str, float]:
+    """What the hack monitor tracks per episode: the answer's length, the candidates it names
+    (comma/semicolon/newline-separated items, or content words when it is one run of words), whether
+    it was copied from a tool result (40+ characters found verbatim in one), and how many
+    successful lookups preceded it."""
+    answer = str(traj.metadata.get("answer") or "")
+    items = [x for x in answer.replace(";", ",").replace("\n", ",").split(",") if x.strip()]
+    words = normalize(answer).split()
+    copied = len(answer.strip()) >= 40 and any(answer.strip() in r for _, _, r in lookups(traj))
+    return {"answer_chars": float(len(answer)), "candidates": float(max(len(items), 1 if words else 0)),
+            "answer_words": float(len(words)), "copied": float(copied), "lookups": float(len(lookups(traj)))}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def monitor(trajs: list[art.Trajectory], threshold: float = 0.999) -> dict[str, Any]:
+    """One step's hack monitor: successes without a lookup, answers rejected by the evidence rule, mean
+    answer length and candidates, answers copied from tool output (shares of the step's episodes)."""
+    n = max(len(trajs), 1)
+    correct = [t for t in trajs if t.metrics.get("answer_correct", 0) >= threshold]
+    signals = [hack_signals(t) for t in trajs]
+    return {
+        "hack/success_without_lookup": sum(hack_signals(t)["lookups"] == 0 for t in correct) / n,
+        "hack/rejected_by_evidence": sum(t.metrics.get("grounded", 0) < threshold for t in correct) / max(len(correct), 1),
+        "hack/answer_chars": _mean([s["answer_chars"] for s in signals]),
+        "hack/candidates": _mean([s["candidates"] for s in signals]),
+        "hack/answer_words": _mean([s["answer_words"] for s in signals]),
+        "hack/copied": sum(s["copied"] for s in signals) / n,
+    }
+
+
+# (metric, floor): a step is flagged when a metric passes its floor and doubles its mean over earlier steps.
+_RISES = (("hack/success_without_lookup", 0.02), ("hack/rejected_by_evidence", 0.10), ("hack/answer_words", 6.0),
+          ("hack/candidates", 2.0), ("hack/copied", 0.05))
+
+
+def flags(rec: dict, history: list[dict]) -> list[str]:
+    """The hack metrics of step `rec` that rose suddenly: past a floor and over twice their mean on
+    the earlier steps of `history` (or past the floor on the first step).
+
+    >>> flags({"hack/answer_words": 9.0}, [{"hack/answer_words": 2.0}])
+    ['answer_words 9 (was 2)']
+    >>> flags({"hack/answer_words": 3.0}, [{"hack/answer_words": 2.0}])
+    []
+    """
+    out = []
+    for key, floor in _RISES:
+        now, before = rec.get(key), [h[key] for h in history if key in h]
+        if now is None or now <= floor:
+            continue
+        was = _mean(before)
+        if not before or now > 2 * was:
+            out.append(f"{key[5:]} {now:.2g} (was {was:.2g})" if before else f"{key[5:]} {now:.2g}")
+    return out
