@@ -4,6 +4,7 @@
     python -m mcp_rl scenarios --server mcp_server.py --generator grounded --n 300 --out data/scenarios.jsonl
     python -m mcp_rl rollout --server mcp_server.py --model smollm2 --task "How many employees are there?"
     python -m mcp_rl eval --server company --scenarios data/scenarios.jsonl [--model smollm2] [--adapter RUN|DIR]
+    python -m mcp_rl audit-reward --split test [--no-evidence]   # can a policy that looks nothing up earn reward?
     python -m mcp_rl train --preset cpu|t4 [--config FILE] [--out DIR] [--resume] [--set train.steps=5]
     python -m mcp_rl serve --model smollm2 --adapter runs/demo --port 8000
     python -m mcp_rl demo          # the whole pipeline on the embedded CPU model, no key, no download
@@ -139,6 +140,33 @@ def cmd_eval(a) -> int:
     return 0
 
 
+def cmd_audit_reward(a) -> int:
+    """Cheating policies through the real loop and reward: exit 1 when one earns more than --max-success."""
+    from .policy import DemonstrationPolicy
+    from .reward_audit import audit_reward
+    from .rewards import RewardConfig
+    from .rollout import RolloutConfig
+    from .scenarios import load_scenarios
+
+    scenarios = [s for s in load_scenarios(a.scenarios, split=a.split) if s.answer is not None][: a.n]
+    if not scenarios:
+        print(f"error: {a.scenarios} has no verified scenarios in split {a.split!r}", file=sys.stderr)
+        return 2
+    reward = RewardConfig(require_evidence=not a.no_evidence, audit_max_success=a.max_success)
+    cfg = RolloutConfig(max_turns=a.max_turns, tool_policy=_tool_policy(a))
+    # Demonstrations need each scenario's reference query (the company server's tool names).
+    demos = DemonstrationPolicy(scenarios) if all(s.reference for s in scenarios) and not a.no_demonstrations else None
+
+    async def go(server):
+        await _check_tools(server, cfg.tool_policy)
+        return await audit_reward(server, scenarios, reward, cfg, demonstrations=demos)
+
+    report = asyncio.run(_with_server(a.server, a.token, go))
+    print(f"reward audit: {len(scenarios)} scenarios of {a.scenarios} ({a.split}), "
+          f"evidence rule {'off' if a.no_evidence else 'on'}\n\n{report.table()}")
+    return 1 if report.failed() else 0
+
+
 def _with_tool_flags(cfg, a):
     """--tools / --deny-tools / --allow-side-effects over the config's own settings."""
     changes = {k: v for k, v in (("server_tools", a.tools), ("deny_tools", a.deny_tools)) if v is not None}
@@ -159,6 +187,8 @@ def _train_config(a):
 
     cfg = load_config(a.config, base=a.preset)
     overrides = list(a.set or [])
+    if getattr(a, "allow_gameable_reward", False):
+        overrides.append("reward.audit_max_success=1.0")
     if a.out:
         overrides.append(f"out={a.out}")
     return _with_worker_flags(_with_tool_flags(apply_overrides(cfg, overrides), a), a)
@@ -304,6 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--out", help="folder for eval rows, report and tool-call log")
     sp.set_defaults(fn=cmd_eval)
 
+    sp = sub.add_parser("audit-reward", help="play cheating policies through the real loop and reward: does any earn credit?")
+    server_args(sp, default="company")
+    tool_args(sp)
+    sp.add_argument("--scenarios", default="data/scenarios.jsonl")
+    sp.add_argument("--split", default="test")
+    sp.add_argument("--n", type=int, default=None, help="first N scenarios of the split (default: all)")
+    sp.add_argument("--max-success", type=float, default=0.02, help="a cheat succeeding on more than this share fails")
+    sp.add_argument("--max-turns", type=int, default=8)
+    sp.add_argument("--no-evidence", action="store_true", help="pay correct answers without evidence (to compare)")
+    sp.add_argument("--no-demonstrations", action="store_true", help="no demonstration row (a server without SQL tools)")
+    sp.set_defaults(fn=cmd_audit_reward)
+
     for name, fn in (("train", cmd_train), ("demo", cmd_demo)):
         sp = sub.add_parser(name, help="train with a preset" if name == "train" else "the whole CPU pipeline, no key, no download")
         if name == "train":
@@ -312,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--out")
         sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last complete step")
         sp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field, e.g. train.steps=5")
+        sp.add_argument("--allow-gameable-reward", action="store_true",
+                        help="train even when the reward audit finds a cheat that earns credit (reward.audit_max_success=1)")
         tool_args(sp)
         sp.add_argument("--workers", type=lambda t: [u.strip() for u in t.split(",") if u.strip()], metavar="URL,...",
                         help="rollout workers (python -m mcp_rl rollout-worker) for the training steps' rollouts")

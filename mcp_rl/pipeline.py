@@ -27,6 +27,7 @@ from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
 from .evidence import flags, monitor
 from .parts import rollout_config
 from .policy import DemonstrationPolicy
+from .reward_audit import audit_reward
 from .rewards import score_group
 from .rollout import failed_outside_policy, gather_rollouts
 from .scenarios import load_scenarios
@@ -75,6 +76,26 @@ async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str, ru
         save_eval(Path(run_dir), result)
     _log(result.line())
     return result
+
+
+async def audit_before_training(server, train, cfg: Config, run_dir: Path | None = None):
+    """The reward audit (mcp_rl.reward_audit) on the training split before any model loads: its table
+    goes to `<run>/reward_audit.md`; raises RewardGameable when a cheat succeeds on more than
+    `cfg.reward.audit_max_success` of the scenarios (1.0 turns the audit off)."""
+    if cfg.reward.audit_max_success >= 1 or cfg.reward.audit_scenarios == 0:
+        _log("reward audit | off (reward.audit_max_success=1.0 or reward.audit_scenarios=0): cheats were not checked")
+        return None
+    scenarios = train[: cfg.reward.audit_scenarios] if cfg.reward.audit_scenarios else list(train)
+    report = await audit_reward(server, scenarios, cfg.reward, rollout_config(cfg),
+                                demonstrations=DemonstrationPolicy(scenarios))
+    if run_dir is not None and distributed.is_main():
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "reward_audit.md").write_text("# Reward audit\n\n" + report.table() + "\n")
+    worst = max(report.rows, key=lambda r: r.success)
+    _log(f"reward audit | {len(report.rows)} cheats on {len(scenarios)} training scenarios | worst: {worst.name} "
+         f"{worst.success:.1%} | demonstrations {report.demonstrations.success:.0%}")
+    report.check()
+    return report
 
 
 async def warm_start(trainer, server, train, cfg: Config) -> dict:
@@ -268,5 +289,5 @@ async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: 
     return state
 
 
-__all__ = ["load_splits", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios", "train_step",
+__all__ = ["load_splits", "audit_before_training", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios", "train_step",
            "train_loop", "step_batch", "periodic_scenarios"]

@@ -111,6 +111,10 @@ class RewardConfig:
     rubric: str | None = _f(None, "RULER grading rubric; None = ART's DEFAULT_RUBRIC")
     on_judge_failure: str = _f("verified", "'verified': score a failed-judge group by its verified answer "
                                            "(skipped when it has none); 'skip': skip the group")
+    audit_max_success: float = _f(0.02, "the reward audit (mcp_rl.reward_audit) refuses training when a cheating policy "
+                                        "succeeds on more than this share of the audited scenarios; 1.0 turns it off")
+    audit_scenarios: int | None = _f(None, "training scenarios the reward audit plays before training (None = the "
+                                           "whole split, as the 2% cap is set per split; 0 = no audit)")
     custom: list = field(default_factory=list, metadata={"help": (
         "your reward functions: a list of (name, fn, weight), fn(trajectory, scenario) -> float, "
         "added as weight * value (0 = log only)")})
@@ -124,6 +128,12 @@ class RewardConfig:
                      "incomplete_penalty", "judge_backoff_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.audit_max_success <= 1:
+            raise ValueError(f"audit_max_success must be in [0, 1] (1.0 turns the audit off), got {self.audit_max_success!r}")
+        if self.audit_scenarios is not None and (isinstance(self.audit_scenarios, bool)
+                                                 or not isinstance(self.audit_scenarios, int) or self.audit_scenarios < 0):
+            raise ValueError(f"audit_scenarios must be None (all) or an integer >= 0 (0 = no audit), "
+                             f"got {self.audit_scenarios!r}")
         if not 0 < self.success_threshold <= 1:
             raise ValueError(f"success_threshold must be in (0, 1], got {self.success_threshold!r}")
         if not 0 <= self.efficiency_free_calls < self.efficiency_max_calls:

@@ -325,6 +325,8 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
           flush=True)
     async with parts.open_server(cfg) as server:
         await parts.check_tools(server, cfg)  # a refused server stops the run before the model loads
+        if r.state["phase"] == "new":  # a gameable reward too (reward_audit.md); a resumed run was audited
+            await pipeline.audit_before_training(server, train, cfg, r.dir)
         trainer = await r.trainer(trainer)
         await r.evaluate("base", server, test)
         if r.state["phase"] == "base_done":

@@ -1,0 +1,79 @@
+"""Tests for mcp_rl/reward_audit.py: the cheat battery through the real rollout loop and reward, against
+the company server in-process. The fixed reward passes on the committed test split; a weak custom
+reward and a reward without the evidence rule are caught; training refuses a gameable reward.
+
+    .venv/bin/python -m pytest tests/test_reward_audit.py -q
+"""
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from mcp_rl.config import preset
+from mcp_rl.pipeline import audit_before_training
+from mcp_rl.policy import DemonstrationPolicy
+from mcp_rl.reward_audit import RewardGameable, audit_reward
+from mcp_rl.rewards import RewardConfig
+from mcp_rl.scenarios import load_scenarios
+from mcp_server import build_server
+
+
+def _split(name):
+    return [s for s in load_scenarios("data/scenarios.jsonl") if s.split == name and s.answer is not None]
+
+
+def _audit(db, scenarios, reward):
+    return asyncio.run(audit_reward(build_server(db), scenarios, reward, demonstrations=DemonstrationPolicy(scenarios)))
+
+
+def test_fixed_reward_passes_on_the_committed_test_split(company_db):
+    report = _audit(company_db, _split("test"), RewardConfig())
+    assert report.demonstrations.success == 1.0  # honest work still earns full credit
+    assert not report.failed(), report.table()
+    assert max(r.success for r in report.rows) <= 0.02
+    names = " ".join(r.name for r in report.rows)
+    for cheat in ("empty answer", "echo the question", "kitchen sink of names (spaces)", "constant 0",
+                  "lookups, then paste the last result", "lookups, then every name seen"):
+        assert cheat in names
+
+
+def test_a_weak_custom_reward_is_refused(company_db):
+    """A reward that pays any non-empty answer: every constant cheat earns what the demonstration earns."""
+    nonempty = lambda traj, scenario: float(bool(str(traj.metadata.get("answer") or "").strip()))  # noqa: E731
+    reward = RewardConfig(verified_weight=0.0, custom=[("nonempty", nonempty, 1.0)])
+    report = _audit(company_db, _split("test")[:12], reward)
+    assert report.failed()
+    with pytest.raises(RewardGameable, match="succeeds on 100.0% of 12 scenarios") as e:
+        report.check()
+    assert len(str(e.value)) < 500
+
+
+def test_the_evidence_rule_stops_guesses_and_balance_stops_lookups_then_constant(company_db):
+    ones = [s for s in _split("train") if s.answer == 1][:4] + [s for s in _split("train") if s.answer != 1][:4]
+    without = {r.name: r.success for r in _audit(company_db, ones, RewardConfig(require_evidence=False)).rows}
+    with_evidence = {r.name: r.success for r in _audit(company_db, ones, RewardConfig()).rows}
+    assert without["constant int 1"] == 0.5           # half the tasks answer 1: a guess pays without evidence
+    assert with_evidence["constant int 1"] == 0.0     # no lookup, no credit
+    # Honest lookups followed by the constant still find the 1 in the result: only balanced tasks cap this.
+    assert with_evidence["lookups, then constant int 1"] == 0.5
+
+
+def test_training_refuses_a_gameable_reward_and_writes_the_table(company_db, tmp_path):
+    nonempty = lambda traj, scenario: float(bool(traj.metadata.get("answer")))  # noqa: E731
+    cfg = preset("cpu")
+    cfg = dataclasses.replace(cfg, reward=RewardConfig(verified_weight=0.0, custom=[("nonempty", nonempty, 1.0)]))
+    train = _split("train")[:10]
+    with pytest.raises(RewardGameable, match="audit_max_success=1.0"):
+        asyncio.run(audit_before_training(build_server(company_db), train, cfg, tmp_path))
+    assert "FAILED" in (tmp_path / "reward_audit.md").read_text()
+    off = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, audit_max_success=1.0))
+    assert asyncio.run(audit_before_training(build_server(company_db), train, off, tmp_path)) is None
+
+
+def test_cli_audit_reward_prints_the_table(capsys):
+    from mcp_rl.cli import main
+
+    assert main(["audit-reward", "--split", "test", "--n", "6"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "| demonstrations (honest) | 6 | 100.0% |" in out and "kitchen sink" in out
