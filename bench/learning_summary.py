@@ -1,4 +1,8 @@
-"""Issue 17's targets over seeds, per model family, from the committed learning runs.
+"""Issue 17's targets over seeds, per model family, from the committed learning runs, on grounded success.
+
+Every number is rescored from the runs' saved eval rows under the fixed reward of [reward-integrity]
+(hedges refused, credit only when the episode's tool results showed the value: bench/rescore.py); what
+each run reported under the old reward stands beside it.
 
 Reads every `<run>/proof.json` (with its `config.json`) under the folder and prints, per model: each
 seed's gains (trained over base, trained over its own warm start, paired s.e.) and the family's
@@ -15,9 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 PER_SEED_WARM, PER_SEED_BASE, MEAN_WARM, MEAN_SES = 0.05, 0.15, 0.08, 3.0
 SEEDS_ASKED = {"smollm2": 3, "gemma3-270m": 2}  # issue 17: at least 3 seeds on SmolLM2, 2 on Gemma 3 270M
 
@@ -34,13 +40,28 @@ def runs(folder: Path) -> tuple[list[dict], list[str]]:
         try:  # a half-copied or hand-edited file: name it rather than a traceback
             cfg, proof = json.loads((d / "config.json").read_text()), json.loads((d / "proof.json").read_text())
             base, warm = proof["comparisons"]["base"], proof["comparisons"]["warm_start"]
-            done.append({"name": d.name, "model": cfg["model"], "seed": cfg.get("train", {}).get("seed"),
-                         "steps": proof["steps"], "base": base["other"], "warm": warm["other"], "trained": warm["final"],
-                         "over_base": base["gap"], "over_warm": warm["gap"], "se_warm": warm["se_paired"]})
+            row = {"name": d.name, "model": cfg["model"], "seed": cfg.get("train", {}).get("seed"),
+                   "steps": proof["steps"], "stored_trained": warm["final"], "stored_over_warm": warm["gap"]}
+            row.update(_grounded(d))
+            done.append(row)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{d.name}: config.json or proof.json is not a finished run's ({type(e).__name__}: "
                              f"{str(e)[:80]})") from None
     return done, unfinished
+
+
+def _grounded(run: Path) -> dict:
+    """base / warm / trained grounded success and the paired gains, rescored from the eval rows under the
+    fixed reward ([reward-integrity]: hedges refused, credit only with evidence; bench/rescore.py)."""
+    from rescore import _eval_file, _firsts, grounded, paired
+
+    ev = {lab: _firsts(_eval_file(run, lab)) for lab in ("base", "warm_start", "trained")}
+    key = lambda r: grounded(r)[1]  # noqa: E731
+    rate = lambda rows: sum(key(r) >= 0.999 for r in rows.values()) / len(rows)  # noqa: E731
+    over_warm, se_warm, wins, losses = paired(ev["warm_start"], ev["trained"], key)
+    over_base, _, _, _ = paired(ev["base"], ev["trained"], key)
+    return {"base": rate(ev["base"]), "warm": rate(ev["warm_start"]), "trained": rate(ev["trained"]),
+            "over_base": over_base, "over_warm": over_warm, "se_warm": se_warm, "wins": wins, "losses": losses}
 
 
 def family(rows: list[dict]) -> dict:
@@ -60,11 +81,15 @@ def report(folder: Path) -> tuple[str, dict]:
     for model in sorted({r["model"] for r in done}):
         rows = sorted((r for r in done if r["model"] == model), key=lambda r: (r["seed"] is None, r["seed"] or 0, r["name"]))
         f = out[model] = family(rows)
-        lines += [f"## {model}", "", "| run | seed | GRPO steps | base | warm start | trained | over base | "
-                  "over warm start (paired s.e.) |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {model}", "", "Grounded success under the fixed reward (rescored from the saved eval rows); "
+                  "the last column is what the run reported under the old, gameable reward.", "",
+                  "| run | seed | GRPO steps | base | warm start | trained | over base | "
+                  "over warm start (paired s.e., wins/losses) | as reported: trained, over warm start |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['name']} | {r['seed']} | {r['steps']} | {100 * r['base']:.1f}% | {100 * r['warm']:.1f}% | "
                   f"{100 * r['trained']:.1f}% | {100 * r['over_base']:+.1f} | {100 * r['over_warm']:+.1f} "
-                  f"({100 * r['se_warm']:.1f}) |" for r in rows]
+                  f"({100 * r['se_warm']:.1f}, {r['wins']}/{r['losses']}) | {100 * r['stored_trained']:.1f}%, "
+                  f"{100 * r['stored_over_warm']:+.1f} |" for r in rows]
         yes = lambda ok: "met" if ok else "missed"  # noqa: E731
         lines += ["", f"- every seed >= +5 over its warm start: {yes(f['every_seed_warm'])}",
                   f"- every seed >= +15 over base: {yes(f['every_seed_base'])}",

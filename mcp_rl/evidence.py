@@ -44,29 +44,41 @@ def lookups(traj: art.Trajectory) -> list[list[str]]:
     return [r for r in rows if isinstance(r, list) and len(r) == 3] if isinstance(rows, list) else []
 
 
-def values_of(result: str) -> str | None:
-    """The values a tool result shows: a table's cells one per line, else the text; None for an error.
+def cells(result: str) -> str | None:
+    """A table result's cells, one per line; None when the result is not a table.
 
-    >>> values_of("n\\n--\\n1\\n(1 row)")
-    '1'
+    >>> cells("n\\n--\\n1\\n(1 row)"), cells("table employees: 150 rows")
+    ('1', None)
+    """
+    try:
+        _, rows = parse_table(result)
+    except ValueError:
+        return None
+    return "\n".join(str(cell) for row in rows for cell in row if cell is not None)
+
+
+def values_of(result: str) -> str | None:
+    """The values a tool result shows: a table's cells, else the text; None for an error in disguise.
+
     >>> values_of("Database error: no such table: x") is None
     True
     """
     if error_text(result):
         return None
-    try:
-        _, rows = parse_table(result)
-    except ValueError:
-        return result
-    return "\n".join(str(cell) for row in rows for cell in row if cell is not None)
+    table = cells(result)
+    return result if table is None else table
 
 
 def evidence(traj: art.Trajectory) -> list[tuple[str, str]]:
-    """(values, arguments) of every successful lookup, for `verify_answer(..., evidence=...)`."""
+    """(values, arguments) for `verify_answer(..., evidence=...)`: every table result's cells, and the
+    last successful result whatever its form. Free text met earlier (a schema listing "CHECK (remote IN
+    (0, 1))", "9 rows") is where small numbers hide, and an answer comes from the last lookup."""
+    rows = [(tool, args, result) for tool, args, result in lookups(traj) if not error_text(result)]
     out = []
-    for _tool, args, result in lookups(traj):
-        if (values := values_of(result)) is not None:
-            out.append((values, args))
+    for i, (_tool, args, result) in enumerate(rows):
+        table = cells(result)
+        if table is not None or i == len(rows) - 1:
+            out.append((result if table is None else table, args))
     return out
 
 
