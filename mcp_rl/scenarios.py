@@ -118,7 +118,9 @@ def load_scenarios(path: str | os.PathLike, split: str | None = None) -> list[Sc
     names = {f.name for f in dataclasses.fields(Scenario)}
     out: list[Scenario] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    # Split on "\n" only: str.splitlines() also breaks at U+2028, U+2029 and U+0085, which
+    # json.dumps(ensure_ascii=False) leaves unescaped inside a task's text.
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -70,6 +70,20 @@ def test_save_then_load_round_trips(tmp_path):
     assert load_scenarios(tmp_path / "s.jsonl", split="train") == items[:1]
 
 
+@pytest.mark.parametrize("text", [
+    "a\u2028b", "a\u2029b", "a\x85b", "a\rb", "a\r\nb", "a\x00b", "a\x0bb", "a\x0cb", "a\x1cb", "a\x1db", "a\x1eb",
+    "line one\nline two", "\u2028", "tab\there \ufeff bom",
+])
+@pytest.mark.parametrize("write", ["save", "append"])
+def test_any_text_round_trips(tmp_path, text, write):
+    # str.splitlines() breaks at U+2028, U+2029 and U+0085, which JSON leaves unescaped.
+    items = [Scenario("a", f"Task {text}?", 2, text, f"SELECT '{text}'", [text], "train"),
+             Scenario("b", "after", 1, [text, "y"], None, [], "test")]
+    path = tmp_path / "s.jsonl"
+    (save_scenarios if write == "save" else append_scenarios)(path, items)
+    assert load_scenarios(path) == items
+
+
 def test_save_is_atomic_on_failure(tmp_path):
     path = tmp_path / "s.jsonl"
     save_scenarios(path, [Scenario("a", "t")])
