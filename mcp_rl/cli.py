@@ -88,7 +88,7 @@ def cmd_scenarios(a) -> int:
     if a.generator == "llm":
         kw = {"generator_model": a.model, "base_url": a.base_url, "api_key": os.environ.get(a.api_key_env)}
     n = asyncio.run(_with_server(a.server, a.token, lambda s: generate_to_file(
-        s, a.generator, a.n, a.out, a.seed, policy=_tool_policy(a), **kw)))
+        s, a.generator, a.n, a.out, a.seed, policy=_tool_policy(a), max_answer_share=a.max_answer_share, **kw)))
     print(f"wrote {n if isinstance(n, int) else len(n)} scenarios to {a.out}")
     return 0
 
@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--n", type=int, default=300)
     sp.add_argument("--out", required=True)
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--max-answer-share", type=float, default=0.02,
+                    help="most of a split's verified tasks one constant answer may pass (at least one task "
+                         "per value); scenarios over it are dropped (mcp_rl/balance.py)")
     sp.add_argument("--model", default="openai/gpt-4.1-mini", help="generator model (llm)")
     sp.add_argument("--base-url", default="https://openrouter.ai/api/v1", help="generator endpoint (llm)")
     sp.add_argument("--api-key-env", default="OPENROUTER_API_KEY")

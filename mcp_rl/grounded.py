@@ -15,7 +15,9 @@ a database with the company tables and columns adds the rest. A refused query
 is retried once as `SELECT * FROM (...)` (mcp-server-sqlite, for one, takes only
 statements that start with SELECT), then its template is skipped with a warning.
 Instances are drawn round-robin across templates in a seeded order, so a
-smaller `n` still covers every kind of question.
+smaller `n` still covers every kind of question. An instance whose answer is
+already common in the split it will land in (`max_answer_share`, mcp_rl/balance.py)
+is passed over, so no constant answer ("1", "Engineering") earns much of a split.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import logging
 import random
 from dataclasses import dataclass
 
+from mcp_rl.balance import MAX_ANSWER_SHARE, AnswerCap, answer_cap
 from mcp_rl.context import SQLToolError, collect_context, quote_ident, run_sql, run_sql_all
-from mcp_rl.scenarios import Scenario, normalize_task
+from mcp_rl.scenarios import TEST_SHARE, VAL_SHARE, Scenario, normalize_task, split_of
 from mcp_rl.sqlresults import number_or_text
 
 log = logging.getLogger(__name__)
@@ -118,6 +121,7 @@ async def company_templates(session, tool) -> list[Template]:
     people = await col("SELECT name FROM employees GROUP BY name HAVING COUNT(*) = 1 ORDER BY name")
     bosses = set(await col("SELECT DISTINCT m.name FROM employees e JOIN employees m ON m.id = e.manager_id"))
     projects = await col("SELECT name FROM projects ORDER BY id")
+    leads = set(await col("SELECT DISTINCT e.name FROM projects p JOIN employees e ON e.id = p.lead_id"))
     D = [_p(dept=d) for d in depts]
     S = [_p(status=s, st=s.replace("_", " ")) for s in statuses]
     years = [str(y) for y in years]
@@ -264,6 +268,50 @@ async def company_templates(session, tool) -> list[Template]:
           "SELECT salary FROM employees WHERE name = {q_who}", [_p(who=w) for w in people]),
         T("dept_of", 2, ["lookup", "join"], ["Which department does {who} work in?", "What department is {who} in?"],
           "SELECT d.name FROM " + ED + " WHERE e.name = {q_who}", [_p(who=w) for w in people], "one"),
+        # Below: questions whose answers rarely repeat (sums, averages, dates, names), so the answer
+        # cap (mcp_rl/balance.py) that turns away the common small counts leaves enough to draw from.
+        T("role_payroll", 2, ["aggregate", "filter"], ["What is the combined yearly salary of all employees with the job title {role}?",
+          "Adding up their salaries, how much is paid per year to the people working as {role}?"],
+          "SELECT SUM(salary) FROM employees WHERE role = {q_role}", [_p(role=r) for r in roles]),
+        T("role_avg_salary", 2, ["aggregate", "filter"], ["What is the average salary of a {role}, rounded to the nearest dollar?",
+          "Rounded to whole dollars, what do employees with the title {role} earn on average?"],
+          "SELECT ROUND(AVG(salary)) FROM employees WHERE role = {q_role}", [_p(role=r) for r in roles]),
+        T("role_salary_gap", 3, ["aggregate", "filter"], ["How much more does the best-paid {role} earn than the lowest-paid {role}?",
+          "What is the gap between the highest and the lowest salary among employees titled {role}?"],
+          "SELECT MAX(salary) - MIN(salary) FROM employees WHERE role = {q_role}", [_p(role=r) for r in roles]),
+        T("role_top_earner", 2, ["top-k", "filter"], ["Which {role} has the highest salary?", "Who is the best-paid {role}?"],
+          "SELECT name FROM employees WHERE role = {q_role} AND salary = (SELECT MAX(salary) FROM employees WHERE role = {q_role})",
+          [_p(role=r) for r in roles], "one"),
+        T("reports_payroll", 3, ["aggregate", "self-join"], ["What is the combined salary of everyone who reports directly to {who}?",
+          "Adding up the salaries of {who}'s direct reports, what is the total?"],
+          "SELECT SUM(e.salary) FROM employees e JOIN employees m ON m.id = e.manager_id WHERE m.name = {q_who}",
+          [_p(who=w) for w in people if w in bosses]),
+        T("lead_budget", 3, ["aggregate", "join"], ["What is the total budget of the projects led by {who}, ignoring projects without a budget?",
+          "Summing only set budgets, how much project budget does {who} lead?"],
+          "SELECT SUM(p.budget) FROM projects p JOIN employees e ON e.id = p.lead_id WHERE e.name = {q_who}",
+          [_p(who=w) for w in people if w in leads]),
+        T("project_days", 3, ["date", "filter"], ["How many days did the project {proj} run, from its start date to its end date?",
+          "From start to end date, how many days long was the project {proj}?"],
+          "SELECT CAST(julianday(end_date) - julianday(start_date) AS INTEGER) FROM projects WHERE name = {q_proj} "
+          "AND end_date IS NOT NULL", [_p(proj=p) for p in projects]),
+        T("project_start", 1, ["lookup", "date"], ["On what date did the project {proj} start?", "What is the start date of {proj}?"],
+          "SELECT start_date FROM projects WHERE name = {q_proj}", [_p(proj=p) for p in projects], "one"),
+        T("year_avg_salary", 3, ["aggregate", "date"], ["What is the average salary of the employees hired in {y}, rounded to the nearest dollar?",
+          "Rounded to whole dollars, what do the people who joined in {y} earn on average?"],
+          "SELECT ROUND(AVG(salary)) FROM employees WHERE hire_date BETWEEN '{y}-01-01' AND '{y}-12-31'", [_p(y=y) for y in years]),
+        T("dept_latest_hire", 3, ["date", "top-k", "join"], ["Who is the most recently hired employee in {dept}?",
+          "Which {dept} employee has the latest hire date?"],
+          "SELECT e.name FROM employees e WHERE " + in_dept + " AND e.hire_date = (SELECT MAX(hire_date) FROM employees e WHERE " + in_dept + ")",
+          D, "one"),
+        T("dept_top_project", 3, ["top-k", "join"], ["Which project owned by {dept} has the largest budget?",
+          "Name the {dept} department's project with the biggest budget."],
+          "SELECT p.name FROM projects p WHERE p.department_id = (SELECT id FROM departments WHERE name = {q_dept}) "
+          "AND p.budget = (SELECT MAX(budget) FROM projects WHERE department_id = p.department_id)", D, "one"),
+        T("dept_most_reports", 4, ["self-join", "group-by", "nested"], ["Within {dept}, which employee has the most direct reports?",
+          "Who in the {dept} department has the largest number of people reporting directly to them?"],
+          "SELECT m.name FROM employees e JOIN employees m ON m.id = e.manager_id WHERE m." + in_dept[2:] + " GROUP BY m.id "
+          "HAVING COUNT(*) = (SELECT MAX(k) FROM (SELECT COUNT(*) AS k FROM employees e JOIN employees m ON m.id = e.manager_id "
+          "WHERE m." + in_dept[2:] + " GROUP BY m.id))", D, "one"),
     ]
 
 
@@ -285,8 +333,14 @@ async def _reference_rows(session, sql: str, tool) -> tuple[list[list], str]:
     return await run_sql(session, wrapped, tool), wrapped
 
 
-async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
-    """`n` unique scenarios (fewer, with a warning, if the templates run out) with verified answers."""
+async def grounded_scenarios(session, n: int, seed: int = 0,
+                             max_answer_share: float = MAX_ANSWER_SHARE) -> list[Scenario]:
+    """`n` unique scenarios (fewer, with a warning, if the templates run out) with verified answers.
+
+    An instance is skipped when, in the split its id will get (`split_of`), it would let one
+    constant answer pass more than `max_answer_share` of that split's expected size
+    (`mcp_rl.balance`; at least one task per value), so `n` is filled with other answers.
+    """
     ctx = await collect_context(session)
     if not ctx.is_sql:
         raise ValueError("grounded scenarios need a SQL server (a run_query-like tool that answers SELECT); "
@@ -303,6 +357,11 @@ async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
         rng.shuffle(params)
         queues.append((t, params))
     rng.shuffle(queues)
+    # Caps from 85% of each split's expected size: common answers are turned away more in the small
+    # splits, which so come out below their share, and the final pass (balance_answers, on the real
+    # sizes) would otherwise drop what a looser cap let in.
+    expected = {"train": n * (1 - VAL_SHARE - TEST_SHARE), "val": n * VAL_SHARE, "test": n * TEST_SHARE}
+    cap = AnswerCap({split: answer_cap(int(0.85 * size), max_answer_share) for split, size in expected.items()})
     out: list[Scenario] = []
     seen: set[str] = set()
     refused: set[str] = set()
@@ -330,11 +389,14 @@ async def grounded_scenarios(session, n: int, seed: int = 0) -> list[Scenario]:
                 log.warning("skipping one %s question: its result could not be read (%s)", t.name, str(e)[:200])
                 continue
             answer = _answer(rows, t.shape, params.get("expect"))
-            if answer is None:
+            if answer is None or not cap.admit(split_of(_id(t, params)), answer):
                 continue
             seen.add(normalize_task(task))
             out.append(Scenario(id=_id(t, params), task=task, difficulty=t.difficulty, answer=answer,
                                 reference=sql, tags=list(t.tags)))
+    if cap.refused:
+        log.info("skipped %d instances whose answer was already common in their split: %s", sum(cap.refused.values()),
+                 ", ".join(f"{k!r} x{c}" for k, c in cap.refused.most_common()))
     if len(out) < n:
         log.warning("only %d grounded scenarios available (asked for %d)", len(out), n)
     return out

@@ -12,8 +12,9 @@ asks a generator model (ART's `art.mcp.generate_scenarios`) for tasks, fed with
 the real schema from `collect_context` (mcp_rl/context.py), and keeps only tasks that name no
 invented table, column or tool; their `answer` is None (unverified).
 
-Regenerate the committed set with `python -m mcp_rl scenarios --server mcp_server.py
---generator grounded --n 300 --out data/scenarios.jsonl`.
+Both are balanced (mcp_rl/balance.py): no constant answer passes more than `max_answer_share`
+(2%) of a split's verified tasks. Regenerate the committed set with `python -m mcp_rl scenarios
+--server mcp_server.py --generator grounded --n 500 --out data/scenarios.jsonl`.
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def load_scenarios(path: str | os.PathLike, split: str | None = None) -> list[Sc
     names = {f.name for f in dataclasses.fields(Scenario)}
     out: list[Scenario] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    # Split on "\n" only: str.splitlines() also breaks at U+2028, U+2029 and U+0085, which
+    # json.dumps(ensure_ascii=False) leaves unescaped inside a task's text.
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -145,8 +148,18 @@ def load_scenarios(path: str | os.PathLike, split: str | None = None) -> list[Sc
     return out
 
 
-def split_scenarios(scenarios: list[Scenario], seed: int = 0, val: float = 0.1,
-                    test: float = 0.2) -> list[Scenario]:
+VAL_SHARE, TEST_SHARE = 0.1, 0.2  # the committed file's split shares
+
+
+def split_of(scenario_id: str, seed: int = 0, val: float = VAL_SHARE, test: float = TEST_SHARE) -> str:
+    """The split a scenario with this id gets from `split_scenarios` (a hash of id and seed)."""
+    digest = hashlib.sha256(f"{seed}:{scenario_id}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return "test" if u < test else "val" if u < test + val else "train"
+
+
+def split_scenarios(scenarios: list[Scenario], seed: int = 0, val: float = VAL_SHARE,
+                    test: float = TEST_SHARE) -> list[Scenario]:
     """Set `.split` on each scenario (in place; also returned) from a hash of its id and the seed.
 
     Each scenario's split depends only on (id, seed), never on the others, so
@@ -155,9 +168,7 @@ def split_scenarios(scenarios: list[Scenario], seed: int = 0, val: float = 0.1,
     if not (0 <= val and 0 <= test and val + test <= 1):
         raise ValueError(f"val and test are fractions with val + test <= 1, got val={val}, test={test}")
     for s in scenarios:
-        digest = hashlib.sha256(f"{seed}:{s.id}".encode()).digest()
-        u = int.from_bytes(digest[:8], "big") / 2**64
-        s.split = "test" if u < test else "val" if u < test + val else "train"
+        s.split = split_of(s.id, seed, val, test)
     return scenarios
 
 
@@ -297,15 +308,18 @@ async def llm_scenarios(context, n: int, *, generator_model: str = "openai/gpt-4
 
 
 async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike, seed: int = 0,
-                           policy=None, **llm_kwargs) -> list[Scenario]:
-    """The CLI's `scenarios` command: generate, assign splits (seed 0 hashing), save `out`.
+                           policy=None, max_answer_share: float = 0.02, **llm_kwargs) -> list[Scenario]:
+    """The CLI's `scenarios` command: generate, assign splits (seed 0 hashing), balance, save `out`.
 
     `generator` is "grounded" (SQL servers; verified answers) or "llm" (any server;
     `llm_kwargs` go to `llm_scenarios`). Returns everything now in `out`.
     `policy` (a `mcp_rl.guard.ToolPolicy`; None: `ToolPolicy()`) is the one rollouts use: the
     generators see only the tools the agent will be offered, and a server with side-effect tools
     is refused the same way, so no task is written for a tool training would never offer.
+    `max_answer_share`: no constant answer may pass more than this share of a split's verified
+    tasks (at least one task per value; `mcp_rl.balance`); the scenarios over it are dropped.
     """
+    from mcp_rl.balance import balance_answers
     from mcp_rl.connect import ToolSession
     from mcp_rl.context import collect_context
     from mcp_rl.grounded import grounded_scenarios
@@ -315,7 +329,7 @@ async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike,
         raise ValueError(f"generator must be 'grounded' or 'llm', got {generator!r}")
     async with ToolSession(spec, policy=policy or ToolPolicy()) as session:
         if generator == "grounded":
-            scenarios = await grounded_scenarios(session, n, seed=seed)
+            scenarios = await grounded_scenarios(session, n, seed=seed, max_answer_share=max_answer_share)
         else:
             context = await collect_context(session)
             await llm_scenarios(context, n, out_path=out, seed=seed, **llm_kwargs)
@@ -323,6 +337,9 @@ async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike,
     # Split by seed 0 regardless of the generation seed: a scenario's split then depends
     # only on its id, the same in every file it appears in.
     split_scenarios(scenarios, seed=0)
+    # Balanced on the final splits (generation balanced on their expected sizes); an answer an
+    # LLM task has gained by verification counts the same as a grounded one, None never does.
+    scenarios = balance_answers(scenarios, max_answer_share, seed=seed)
     save_scenarios(out, scenarios)
     return scenarios
 

@@ -21,10 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from mcp_rl.balance import MAX_ANSWER_SHARE, answer_balance, answer_cap, balance_report
 from mcp_rl.connect import ToolSession
 from mcp_rl.scenarios import (Scenario, ScenarioGenerationError, append_scenarios, collect_context,
                               enrich_tools, generate_to_file, grounded_scenarios, llm_scenarios,
                               load_scenarios, resolve_generator, save_scenarios, split_scenarios)
+from mcp_rl.verify import verify_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_SERVER = f"{sys.executable} -m mcp_server_time"
@@ -68,6 +70,20 @@ def test_save_then_load_round_trips(tmp_path):
     save_scenarios(tmp_path / "s.jsonl", items)
     assert load_scenarios(tmp_path / "s.jsonl") == items
     assert load_scenarios(tmp_path / "s.jsonl", split="train") == items[:1]
+
+
+@pytest.mark.parametrize("text", [
+    "a\u2028b", "a\u2029b", "a\x85b", "a\rb", "a\r\nb", "a\x00b", "a\x0bb", "a\x0cb", "a\x1cb", "a\x1db", "a\x1eb",
+    "line one\nline two", "\u2028", "tab\there \ufeff bom",
+])
+@pytest.mark.parametrize("write", ["save", "append"])
+def test_any_text_round_trips(tmp_path, text, write):
+    # str.splitlines() breaks at U+2028, U+2029 and U+0085, which JSON leaves unescaped.
+    items = [Scenario("a", f"Task {text}?", 2, text, f"SELECT '{text}'", [text], "train"),
+             Scenario("b", "after", 1, [text, "y"], None, [], "test")]
+    path = tmp_path / "s.jsonl"
+    (save_scenarios if write == "save" else append_scenarios)(path, items)
+    assert load_scenarios(path) == items
 
 
 def test_save_is_atomic_on_failure(tmp_path):
@@ -212,6 +228,33 @@ async def test_generate_to_file_grounded_sets_splits(company, company_db, tmp_pa
     written = await generate_to_file(company, "grounded", 30, out, seed=0)
     loaded = load_scenarios(out)
     assert loaded == written and len(loaded) == 30 and all(s.split for s in loaded)
+
+
+async def test_generate_to_file_caps_every_answer_per_split(company, tmp_path):
+    written = await generate_to_file(company, "grounded", 60, tmp_path / "g.jsonl", seed=0)
+    assert len(written) == 60
+    for split, rows in balance_report(written).items():
+        n = sum(s.split == split for s in written)
+        assert rows[0][1] <= answer_cap(n) == 1, (split, rows)
+
+
+# Constants a policy could answer without looking anything up, from the reward audit (issue
+# [reward-integrity]) and from the shapes of the committed answers.
+CONSTANTS = ["0", "1", "2", "3", "4", "5", "yes", "no", "Engineering", "Sales", "New York", "300%", "about 100000"]
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_committed_scenarios_cap_every_constant_answer(split):
+    """No constant answer passes over 2% of the train or test split (one task per value under 50 tasks)."""
+    scenarios = load_scenarios(ROOT / "data" / "scenarios.jsonl", split=split)
+    answers = [s.answer for s in scenarios]
+    cap = answer_cap(len(scenarios), MAX_ANSWER_SHARE)
+    assert cap / len(scenarios) <= MAX_ANSWER_SHARE or cap == 1
+    value, count, _ = answer_balance(scenarios)[0]
+    assert count <= cap, (value, count)
+    # The real verifier agrees, for the audit's constants and for every answer given back as one.
+    for constant in CONSTANTS + sorted({str(a) for a in answers}) + [v for v, _, _ in answer_balance(scenarios, top=None)]:
+        assert sum(verify_answer(constant, a) >= 0.999 for a in answers) <= cap, constant
 
 
 def test_committed_scenarios_check_out_against_a_fresh_db(company_db):
