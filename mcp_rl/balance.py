@@ -15,8 +15,9 @@ Values are grouped the way `verify_answer` matches a constant answer to them:
 - numbers (and strings that are one: "1,234", "12.5%") by value within the verifier's relative
   tolerance: "about 150" passes 149, 150 and 151, "about 50%" passes 50 and 0.5; a group is the
   set of tasks one constant passes, so two numbers 1.5% apart can share one;
-- text by `verify.normalize`; a text also passes an expected text it contains as whole words
-  ("Platform Engineering" passes "Engineering");
+- text by `verify.normalize`; a text is also grouped with an expected text it contains as whole words
+  ("Platform Engineering" with "Engineering"): conservative, as the verifier pays that only when the
+  other words restate the question;
 - booleans as the words yes / no, ISO dates by date, a one-item list as its item, a longer list as its
   sorted items (exactly; the F1 of a partial list is below full credit, so no success);
 - None (no verified answer: RULER scores it) belongs to no group and is never dropped.

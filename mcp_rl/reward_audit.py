@@ -10,7 +10,7 @@ RL optimises exactly what the reward pays, so before a run trusts a reward it pl
 never do the work: an empty answer, the question echoed, the most common answer of each type seen in
 the tasks (and 0 and 1), kitchen sinks built from the values the server itself returned to the
 demonstrations (spaces, commas, newlines), the demonstration's own lookups followed by a constant,
-and the last tool result pasted whole. Each scenario's demonstration and cheats form ONE group scored
+and the last result of another task's lookups pasted whole. Each scenario's demonstration and cheats form ONE group scored
 by `rewards.score_group` (RULER too, where a judge is configured, so the judge sees them side by side).
 A cheat episode succeeds when it earns the paid verified credit, or, for any reward, 90% of what the
 demonstration earned on the same scenario (so a weak custom reward is caught as well). Works for any
@@ -152,6 +152,12 @@ def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
         return [{"tool": t["function"]["name"], "arguments": {}} for t in tools
                 if t["function"]["name"] != COMPLETE_TOOL_NAME and not t["function"].get("parameters", {}).get("required")]
 
+    order = list(by_task.values())
+    nxt = {id(s): order[(i + 1) % len(order)] for i, s in enumerate(order)}
+
+    def other_lookups(scenario, tools):  # a lookup that does not answer this task: the next scenario's
+        return own_lookups(nxt[id(scenario)], tools)
+
     words, numbers = _values(demo_results)
     cheats = [_Cheat("empty answer", by_task, lambda s, r: ""),
               _Cheat("echo the question", by_task, lambda s, r: s.task)]
@@ -166,7 +172,9 @@ def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
     cheats += [
         _Cheat("lookups, then every name seen", by_task,
                lambda s, r: " ".join(dict.fromkeys(w for w in _values(r)[0]))[:2000], own_lookups),
-        _Cheat("lookups, then paste the last result", by_task, lambda s, r: (r[-1] if r else "")[:2000], own_lookups),
+        # Another task's lookups: pasting the result of this task's own answering query is honest work.
+        _Cheat("another task's lookups, then paste the last result", by_task,
+               lambda s, r: (r[-1] if r else "")[:2000], other_lookups),
     ]
     return cheats
 

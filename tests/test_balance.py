@@ -35,7 +35,6 @@ def tasks(answers, split="train"):
     ([3, 300, 7], "about 300%", 2),                                # "300%" passes 300 and 3 (its fraction)
     (["12.5%", 0.125, 12.5, 13], "about 12.5%", 3),
     (["Engineering", ["Engineering"], "engineering!", "the Engineering"], "Engineering", 4),
-    (["Engineering", "Platform Engineering", "Sales"], "Platform Engineering", 2),  # contains "Engineering"
     ([True, True, "yes", False], "yes", 3),
     (["2024-01-15", "2024-01-15T10:00:00", "2024-1-15", "2024-01-16"], "2024-01-15", 3),
     ([["Ann", "Bo"], ["Bo", "Ann"], ["ann", "bo!"], ["Ann"], "Bo"], "Ann, Bo", 3),

@@ -34,7 +34,7 @@ def test_fixed_reward_passes_on_the_committed_test_split(company_db):
     assert max(r.success for r in report.rows) <= 0.02
     names = " ".join(r.name for r in report.rows)
     for cheat in ("empty answer", "echo the question", "kitchen sink of names (spaces)", "constant 0",
-                  "lookups, then paste the last result", "lookups, then every name seen"):
+                  "another task's lookups, then paste the last result", "lookups, then every name seen"):
         assert cheat in names
 
 
