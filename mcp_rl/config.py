@@ -8,15 +8,20 @@ Every field has a help text (`field(metadata={"help": ...})`); `__post_init__`
 checks raise ValueError saying how to fix the value. For `train.backend='art'` they include
 what ART 0.4.11 and vLLM 0.9.2 would reject only after vLLM has started on the GPU
 (`art_backend.check_art_settings`), and for every backend that one episode's own tokens fit
-`train.max_seq_len` (`check_episode_fits`).
+`train.max_seq_len` (`check_episode_fits`). Every field is type-checked first, naming the field
+(`check_types`): a number where a number goes ("1e-4", which YAML 1.1 reads as text, is a float),
+true/false where a switch goes (never the text "no"), a list or section where one goes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +29,9 @@ from typing import Any
 import yaml
 
 from .art_backend import check_art_settings
-from .guard import ToolPolicy
+from .guard import ToolPolicy, short
 from .models import EMBEDDED
+from .redact import redact, redact_params
 from .rewards import RewardConfig
 from .rollout import RolloutConfig
 
@@ -38,6 +44,77 @@ def _f(default, help: str):
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _quoted(value) -> str:
+    """A value for a message: text as a short quoted prefix (`guard.short`), anything else cut to 40 chars."""
+    text = repr(value)
+    return short(value, 40) if isinstance(value, str) else text if len(text) <= 40 else text[:40] + "…"
+
+
+def _typed(value, hint, name: str):
+    """`value` as the type `hint` names (an int for a float, "1e-4" for a float, a path for text),
+    or ValueError naming the field. Hints this does not know (sections, ToolPolicy) pass unchecked."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return _typed(value, rest[0], name) if len(rest) == 1 else value
+    kind = typing.get_origin(hint) or hint
+    got = f"got {_quoted(value)} ({type(value).__name__})"
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, {got}: write true or false without quotes")
+    elif kind is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be a whole number, {got}")
+    elif kind is float:
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 1e-4 (no dot) as text
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, {got}")
+        return float(value)
+    elif kind is str:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be text, {got}: quote it")
+    elif kind is list:
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ValueError(f"{name} must be a list, {got}: write [a, b] (YAML) or [\"a\", \"b\"] (JSON/TOML)")
+        if args:
+            return [_typed(v, args[0], f"{name}[{i}]") for i, v in enumerate(value)]
+    elif kind is dict and not isinstance(value, dict):
+        raise ValueError(f"{name} must be a mapping of names to values, {got}")
+    return value
+
+
+def check_types(cls, values: dict, where: str = "") -> dict:
+    """`values` (fields of dataclass `cls`) with each one checked against its annotation (see `_typed`).
+
+    >>> check_types(TrainConfig, {"learning_rate": "1e-4", "steps": 3.0})
+    {'learning_rate': 0.0001, 'steps': 3}
+    >>> check_types(TrainConfig, {"eval_warm_start": "no"}, "train.")
+    Traceback (most recent call last):
+    ...
+    ValueError: train.eval_warm_start must be true or false, got 'no' (str): write true or false without quotes
+    """
+    hints = typing.get_type_hints(cls)
+    return {k: _typed(v, hints[k], where + k) if k in hints else v for k, v in values.items()}
+
+
+def _check_own_types(obj, where: str) -> None:
+    names = [f.name for f in dataclasses.fields(obj)]
+    for k, v in check_types(type(obj), {k: getattr(obj, k) for k in names}, where).items():
+        setattr(obj, k, v)
 
 
 @dataclass
@@ -84,6 +161,7 @@ class TrainConfig:
     seed: int = _f(0, "seed for scenario order and sampling")
 
     def __post_init__(self) -> None:
+        _check_own_types(self, "train.")
         if self.backend not in ("portable", "art"):
             raise ValueError(f"train.backend must be 'portable' or 'art', got {self.backend!r}")
         if self.loader not in ("transformers", "unsloth"):
@@ -175,6 +253,13 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, dict):
                 setattr(self, name, _build(cls, value, name))
+            elif not isinstance(value, cls):
+                raise ValueError(f"{name} must be a section of fields (e.g. {name}: {{{dataclasses.fields(cls)[0].name}"
+                                 f": ...}}), got {_quoted(value)} ({type(value).__name__})")
+        sections = ("rollout", "reward", "train")
+        for k, v in check_types(Config, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                         if f.name not in sections}).items():
+            setattr(self, k, v)
         policy = self.tool_policy()
         self.server_tools = None if policy.allow is None else list(policy.allow)
         self.deny_tools = list(policy.deny)
@@ -200,6 +285,8 @@ def _build(cls, values: dict, where: str):
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"unknown {where} field(s) {sorted(unknown)}; known: {sorted(known)}")
+    if cls is not Config:  # Config checks its own (after its sections, which may arrive as dicts)
+        values = check_types(cls, values, f"{where}.")
     return cls(**values)
 
 
@@ -258,11 +345,24 @@ def to_dict(cfg: Config) -> dict:
 SECRETS = (("server_token",), ("worker_token",), ("reward", "judge_api_key"))  # never written to a run folder
 
 
+def _reward_fn_name(fn) -> str:
+    """`module.qualname` of a custom reward function (its class's for a callable object, its
+    function's for a functools.partial): what config.json records, the same in every process."""
+    fn = getattr(fn, "func", fn)
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
+
 def redacted(cfg: Config) -> dict:
-    """`to_dict(cfg)` with every secret that is set replaced by "<redacted>" (what config.json records).
+    """`to_dict(cfg)` as config.json records it: every secret that is set replaced by "<redacted>",
+    secrets inside values masked (`mcp_rl.redact`: URL passwords and query values in server,
+    rollout_workers and judge_base_url, secret-looking keys of judge_params), and custom rewards as
+    {name, fn: module.qualname, weight}. A resume compares this with the recorded one.
 
     >>> redacted(Config(server_token="s3cret"))["server_token"], redacted(Config())["server_token"]
     ('<redacted>', None)
+    >>> redacted(Config(server="http://bob:pw@h/mcp?key=k", rollout_workers=["http://h:81/?t=1"]))["server"]
+    'http://bob:***@h/mcp?key=***'
     """
     data = to_dict(cfg)
     for *path, key in SECRETS:
@@ -271,6 +371,14 @@ def redacted(cfg: Config) -> dict:
             node = node[part]
         if node.get(key):
             node[key] = "<redacted>"
+    data["server"] = redact(data["server"])
+    data["rollout_workers"] = [redact(u) for u in data["rollout_workers"]]
+    reward = data["reward"]
+    if reward.get("judge_base_url"):
+        reward["judge_base_url"] = redact(reward["judge_base_url"])
+    reward["judge_params"] = redact_params(reward["judge_params"])
+    reward["custom"] = [{"name": name, "fn": _reward_fn_name(fn), "weight": weight}
+                        for name, fn, weight in cfg.reward.custom]
     return data
 
 
