@@ -398,11 +398,22 @@ def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
         raise ValueError(f"config file {p} does not exist")
     text = p.read_text()
     if p.suffix == ".toml":
-        data = tomllib.loads(text)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {p} is not valid TOML ({e}): fix that line") from None
     elif p.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"config file {p} is not valid JSON ({e}): fix that line") from None
     else:
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            raise ValueError(f"config file {p} is not valid YAML ({getattr(e, 'problem', None) or 'parse error'}"
+                             f"{f' at line {mark.line + 1}' if mark else ''}): fix that line") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {p} must hold a mapping of fields, got {type(data).__name__}")
     return preset(data.pop("preset", base), **data)
@@ -410,7 +421,11 @@ def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
 
 def _value(raw: str):
     """A YAML value, with the floats YAML 1.1 reads as text ("2e-4", "1e3") read as floats."""
-    value = yaml.safe_load(raw)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ValueError(f"override value {short(redact(raw))} is not YAML ({getattr(e, 'problem', None) or e}): quote "
+                         "text holding ?, :, # or brackets, e.g. rollout_workers=['http://h:81/?a=1']") from None
     if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
         return float(value)
     return value
