@@ -41,8 +41,8 @@ def _sha256(path: Path) -> str:
 
 def _files(folder: Path) -> dict[str, Path]:
     # Names a loader never reads are left out: a crash's `<name>.tmp-XXXX` leftovers, the manifest itself.
-    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST and ".tmp-" not in p.as_posix()}
+    files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {name: p for name, p in files.items() if name != MANIFEST and ".tmp-" not in name}
 
 
 def write_manifest(folder: str | os.PathLike, art_checkpoint: str | os.PathLike | None = None) -> Path:
