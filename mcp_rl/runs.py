@@ -24,8 +24,6 @@ checkpoint is loaded only after its files match the sha256 manifest saved with i
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 import time
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from .config import Config, redacted
 from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
 from .guard import short
 from .manifest import verify_manifest
+from .run_record import RunFolderError, changes, check_record, legacy_custom, read_record, read_state
 
 # Trainers loaded in this process, by run folder: a notebook cell run twice reuses the model
 # (and, for ART, the vLLM server already on the GPU) instead of loading a second copy.
@@ -72,119 +71,12 @@ def _seed_torch(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# What may change when a run resumes: its length, the periodic evaluation's cadence, where servers,
-# workers and the judge live, and memory or speed knobs that leave the update's math as it was.
-# Any other field shapes what is learned or measured, and a change to it is refused.
-RESUMABLE_CHANGES = {
-    "out", "server", "server_token", "rollout_workers", "worker_token", "policy_port", "policy_batch",
-    "rollout.call_timeout", "rollout.timeout", "rollout.concurrency",
-    "reward.judge_base_url", "reward.judge_api_key", "reward.judge_retries", "reward.judge_backoff_s",
-    "reward.judge_timeout_s",
-    "train.steps", "train.eval_every", "train.eval_every_split", "train.eval_every_scenarios",
-    "train.micro_batch_size", "train.micro_batch_tokens", "train.logprob_chunk_size", "train.gradient_checkpointing",
-    "train.precision",
-}
-
-
-def _said(value) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:60] + "…"
-
-
-def _legacy_custom(recorded: dict, new: dict) -> None:
-    """config.json written before custom rewards were recorded by name: each entry was [name, "<function
-    QUALNAME at 0x...>", weight], whose address changes every process. An entry whose name, weight and
-    function name match the new config's counts as that entry."""
-    old, now = (recorded.get("reward") or {}).get("custom"), (new.get("reward") or {}).get("custom")
-    if not isinstance(old, list) or not isinstance(now, list) or len(old) != len(now):
-        return
-    for i, (a, b) in enumerate(zip(old, now)):
-        m = isinstance(a, list) and len(a) == 3 and re.fullmatch(r"<function (\S+) at 0x[0-9a-fA-F]+>", str(a[1]))
-        if m and a[0] == b["name"] and a[2] == b["weight"] and b["fn"].endswith(m.group(1)):
-            old[i] = b
-
-
-def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b, name = old.get(k), new.get(k), prefix + k
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _changes(a, b, name + ".")
-        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and name not in RESUMABLE_CHANGES:
-            out += _changes(dict(zip(map(str, range(len(a))), a)), dict(zip(map(str, range(len(b))), b)), name + ".")
-        elif a != b and name not in RESUMABLE_CHANGES and k in old and k in new:  # a field added or
-            out.append(f"{name}: {_said(a)} -> {_said(b)}")                          # dropped since: no record
-    return out
-
-
-class RunFolderError(ValueError):
-    """A run folder whose record is missing or unreadable; the message is one line naming the file."""
-
-
-_FRESH = "or start a new run (open_run(cfg, fresh=True), FRESH_RUN = True in the notebooks, or another --out)"
-PHASES = ("new", "base_done", "training", "done")
-
-
-def _read_record(path: Path) -> dict:
-    """state.json or config.json as a dict, or RunFolderError saying what is wrong with it."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunFolderError(f"{path} cannot be read ({type(e).__name__}): restore it from a backup, {_FRESH}") from None
-    if not text.strip():
-        raise RunFolderError(f"{path} is empty (a crash while it was written, or a copy cut short): restore it from a "
-                             f"backup, {_FRESH}")
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise RunFolderError(f"{path} is not valid JSON ({getattr(e, 'msg', e)} at line {getattr(e, 'lineno', '?')}: "
-                             f"cut short?): restore it from a backup, {_FRESH}") from None
-    if not isinstance(data, dict):
-        raise RunFolderError(f"{path} holds a JSON {type(data).__name__}, not the object a run records: restore it "
-                             f"from a backup, {_FRESH}")
-    return data
-
-
-def _state(run_dir: Path) -> dict:
-    path = run_dir / "state.json"
-    if not path.exists():
-        return {"step": 0, "history": [], "phase": "new", "evals": {}}
-    state = _read_record(path)
-    state.setdefault("evals", {})
-    step = state.get("step")
-    wrong = ("phase" if state.get("phase") not in PHASES else
-             "step" if isinstance(step, bool) or not isinstance(step, int) or step < 0 else
-             "history" if not isinstance(state.get("history"), list) else
-             "evals" if not isinstance(state["evals"], dict) else None)
-    if wrong:
-        raise RunFolderError(f"{path} is not a run's state: its {wrong!r} is {_said(state.get(wrong))} (a run "
-                             f"records phase one of {', '.join(PHASES)}, a step >= 0, a history list): restore "
-                             f"it from a backup, {_FRESH}")
-    return state
-
-
-def _check_record(out: Path) -> None:
-    """Refuse a folder a run has written to whose record is gone: resuming would start it over its files."""
-    if (out / "state.json").exists():
-        if not (out / "config.json").exists():
-            raise RunFolderError(f"{out / 'state.json'} has no config.json beside it, so the settings the run was "
-                                 f"recorded with are unknown and a resume could mix two runs: restore config.json, "
-                                 f"{_FRESH}")
-        return
-    written = sorted(p.name for p in (out / "checkpoints").glob("step-*")) + sorted(
-        p.name for p in out.glob("eval_*.jsonl")) + [p.name for p in out.glob("metrics.jsonl")]
-    if written:
-        raise RunFolderError(f"{out} holds {', '.join(written[:3])}{' ...' if len(written) > 3 else ''} but no "
-                             "state.json, the record of how far the run got: resuming would start it again over "
-                             f"them; restore state.json, {_FRESH}")
-
-
 class Run:
     """One run folder; see the module docstring. Build it with `open_run`."""
 
     def __init__(self, cfg: Config):
         self.cfg, self.dir = cfg, Path(cfg.out)
-        self.state = _state(self.dir)
+        self.state = read_state(self.dir)
         self.results: dict[str, EvalResult] = {}
         self._trainer = None
 
@@ -374,15 +266,15 @@ def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True) -> Run:
     elif holds_run and not resume:
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or --out a new folder")
     if holds_run:
-        _check_record(out)
+        check_record(out)
     if distributed.is_main():
         out.mkdir(parents=True, exist_ok=True)
     run = Run(cfg)
     run.state = distributed.broadcast_object(run.state, "run state")  # rank 0's record, on every rank
     if holds_run and run.state["phase"] != "new":
-        recorded, now = _read_record(out / "config.json"), redacted(cfg)
-        _legacy_custom(recorded, now)
-        changed = _changes(recorded, now)
+        recorded, now = read_record(out / "config.json"), redacted(cfg)
+        legacy_custom(recorded, now)
+        changed = changes(recorded, now)
         if changed:
             raise ValueError(f"{out} was recorded with other settings ({'; '.join(changed[:4])}"
                              f"{f'; {len(changed) - 4} more' if len(changed) > 4 else ''}): resuming would mix two "
