@@ -9,19 +9,16 @@ checks raise ValueError saying how to fix the value. For `train.backend='art'` t
 what ART 0.4.11 and vLLM 0.9.2 would reject only after vLLM has started on the GPU
 (`art_backend.check_art_settings`), and for every backend that one episode's own tokens fit
 `train.max_seq_len` (`check_episode_fits`). Every field is type-checked first, naming the field
-(`check_types`): a number where a number goes ("1e-4", which YAML 1.1 reads as text, is a float),
-true/false where a switch goes (never the text "no"), a list or section where one goes.
+(`mcp_rl.config_types`): a number where a number goes ("1e-4", which YAML 1.1 reads as text, is a
+float), true/false where a switch goes (never the text "no"), a list or section where one goes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from typing import Any
 import yaml
 
 from .art_backend import check_art_settings
+from .config_types import check_own_types, check_types, quoted
 from .guard import ToolPolicy, short
 from .models import EMBEDDED
 from .redact import redact, redact_params
@@ -44,77 +42,6 @@ def _f(default, help: str):
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
-
-
-_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-def _quoted(value) -> str:
-    """A value for a message: text as a short quoted prefix (`guard.short`), anything else cut to 40 chars."""
-    text = repr(value)
-    return short(value, 40) if isinstance(value, str) else text if len(text) <= 40 else text[:40] + "…"
-
-
-def _typed(value, hint, name: str):
-    """`value` as the type `hint` names (an int for a float, "1e-4" for a float, a path for text),
-    or ValueError naming the field. Hints this does not know (sections, ToolPolicy) pass unchecked."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        rest = [a for a in args if a is not type(None)]
-        return _typed(value, rest[0], name) if len(rest) == 1 else value
-    kind = typing.get_origin(hint) or hint
-    got = f"got {_quoted(value)} ({type(value).__name__})"
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, {got}: write true or false without quotes")
-    elif kind is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be a whole number, {got}")
-    elif kind is float:
-        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-            return float(value)  # YAML 1.1 reads 1e-4 (no dot) as text
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name} must be a number, {got}")
-        return float(value)
-    elif kind is str:
-        if isinstance(value, os.PathLike):
-            return os.fspath(value)
-        if not isinstance(value, str):
-            raise ValueError(f"{name} must be text, {got}: quote it")
-    elif kind is list:
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list):
-            raise ValueError(f"{name} must be a list, {got}: write [a, b] (YAML) or [\"a\", \"b\"] (JSON/TOML)")
-        if args:
-            return [_typed(v, args[0], f"{name}[{i}]") for i, v in enumerate(value)]
-    elif kind is dict and not isinstance(value, dict):
-        raise ValueError(f"{name} must be a mapping of names to values, {got}")
-    return value
-
-
-def check_types(cls, values: dict, where: str = "") -> dict:
-    """`values` (fields of dataclass `cls`) with each one checked against its annotation (see `_typed`).
-
-    >>> check_types(TrainConfig, {"learning_rate": "1e-4", "steps": 3.0})
-    {'learning_rate': 0.0001, 'steps': 3}
-    >>> check_types(TrainConfig, {"eval_warm_start": "no"}, "train.")
-    Traceback (most recent call last):
-    ...
-    ValueError: train.eval_warm_start must be true or false, got 'no' (str): write true or false without quotes
-    """
-    hints = typing.get_type_hints(cls)
-    return {k: _typed(v, hints[k], where + k) if k in hints else v for k, v in values.items()}
-
-
-def _check_own_types(obj, where: str) -> None:
-    names = [f.name for f in dataclasses.fields(obj)]
-    for k, v in check_types(type(obj), {k: getattr(obj, k) for k in names}, where).items():
-        setattr(obj, k, v)
 
 
 @dataclass
@@ -161,7 +88,7 @@ class TrainConfig:
     seed: int = _f(0, "seed for scenario order and sampling")
 
     def __post_init__(self) -> None:
-        _check_own_types(self, "train.")
+        check_own_types(self, "train.")
         if self.backend not in ("portable", "art"):
             raise ValueError(f"train.backend must be 'portable' or 'art', got {self.backend!r}")
         if self.loader not in ("transformers", "unsloth"):
@@ -255,7 +182,7 @@ class Config:
                 setattr(self, name, _build(cls, value, name))
             elif not isinstance(value, cls):
                 raise ValueError(f"{name} must be a section of fields (e.g. {name}: {{{dataclasses.fields(cls)[0].name}"
-                                 f": ...}}), got {_quoted(value)} ({type(value).__name__})")
+                                 f": ...}}), got {quoted(value)} ({type(value).__name__})")
         sections = ("rollout", "reward", "train")
         for k, v in check_types(Config, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                                          if f.name not in sections}).items():
