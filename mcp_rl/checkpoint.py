@@ -2,10 +2,12 @@
 
     trainer.save("runs/x/checkpoints/step-0003")    # adapter/ + optimizer.pt + trainer_state.json
     trainer.load("runs/x/checkpoints/step-0003")    # LoRA weights, optimizer, step, loss scale
+                                                    # (after its manifest's sha256 check, mcp_rl.manifest)
     trainer.merge_and_save("runs/x/merged")         # a plain Hugging Face model + tokenizer
 
 Every folder is written beside its target and renamed into place (`_atomic_dir`), so a crash
-mid-write leaves the previous checkpoint as it was.
+mid-write leaves the previous checkpoint as it was; its files reach the disk (fsync) before the rename,
+and `manifest.json` records their sizes and sha256, checked by `load` and by export/serve.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .manifest import check_safetensors, verify_manifest, write_manifest
+
 STATE_FILE = "trainer_state.json"
 _FORMAT = 1
 
@@ -34,6 +38,10 @@ def _atomic_dir(target: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp
+        for f in tmp.rglob("*"):  # on disk before the rename: a crash must not leave zeroed files in place
+            if f.is_file():
+                with open(f, "rb") as handle:
+                    os.fsync(handle.fileno())
         old = None
         if target.exists():  # a directory cannot be renamed onto a non-empty one: move it aside first
             old = Path(tempfile.mkdtemp(prefix=f"{target.name}.old-", dir=target.parent))
@@ -97,6 +105,7 @@ class Checkpoints:
                 "precision": self.precision, "skipped_steps": self.skipped_steps,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "learning_rate": self.learning_rate, "max_seq_len": self.max_seq_len}, indent=2))
+            write_manifest(tmp)
         return target
 
     def load(self, directory: str | os.PathLike) -> dict:
@@ -107,6 +116,9 @@ class Checkpoints:
         if not (path / STATE_FILE).is_file() or not (path / "adapter").is_dir():
             raise FileNotFoundError(f"{path} is not a PortableTrainer checkpoint (no {STATE_FILE} or adapter/); "
                                     "pass a folder written by trainer.save()")
+        if not verify_manifest(path):  # a checkpoint saved before manifests: the check needing no record
+            for f in (path / "adapter").glob("*.safetensors"):
+                check_safetensors(f)
         state = json.loads((path / STATE_FILE).read_text())
         weights = load_peft_weights(str(path / "adapter"), device=str(self.device))
         try:

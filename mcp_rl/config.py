@@ -8,7 +8,9 @@ Every field has a help text (`field(metadata={"help": ...})`); `__post_init__`
 checks raise ValueError saying how to fix the value. For `train.backend='art'` they include
 what ART 0.4.11 and vLLM 0.9.2 would reject only after vLLM has started on the GPU
 (`art_backend.check_art_settings`), and for every backend that one episode's own tokens fit
-`train.max_seq_len` (`check_episode_fits`).
+`train.max_seq_len` (`check_episode_fits`). Every field is type-checked first, naming the field
+(`mcp_rl.config_types`): a number where a number goes ("1e-4", which YAML 1.1 reads as text, is a
+float), true/false where a switch goes (never the text "no"), a list or section where one goes.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any
 import yaml
 
 from .art_backend import check_art_settings
-from .guard import ToolPolicy
+from .config_types import check_own_types, check_types, quoted
+from .guard import ToolPolicy, short
 from .models import EMBEDDED
+from .redact import redact, redact_params
 from .rewards import RewardConfig
 from .rollout import RolloutConfig
 
@@ -84,6 +88,7 @@ class TrainConfig:
     seed: int = _f(0, "seed for scenario order and sampling")
 
     def __post_init__(self) -> None:
+        check_own_types(self, "train.")
         if self.backend not in ("portable", "art"):
             raise ValueError(f"train.backend must be 'portable' or 'art', got {self.backend!r}")
         if self.loader not in ("transformers", "unsloth"):
@@ -175,6 +180,13 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, dict):
                 setattr(self, name, _build(cls, value, name))
+            elif not isinstance(value, cls):
+                raise ValueError(f"{name} must be a section of fields (e.g. {name}: {{{dataclasses.fields(cls)[0].name}"
+                                 f": ...}}), got {quoted(value)} ({type(value).__name__})")
+        sections = ("rollout", "reward", "train")
+        for k, v in check_types(Config, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                         if f.name not in sections}).items():
+            setattr(self, k, v)
         policy = self.tool_policy()
         self.server_tools = None if policy.allow is None else list(policy.allow)
         self.deny_tools = list(policy.deny)
@@ -200,6 +212,8 @@ def _build(cls, values: dict, where: str):
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"unknown {where} field(s) {sorted(unknown)}; known: {sorted(known)}")
+    if cls is not Config:  # Config checks its own (after its sections, which may arrive as dicts)
+        values = check_types(cls, values, f"{where}.")
     return cls(**values)
 
 
@@ -258,11 +272,24 @@ def to_dict(cfg: Config) -> dict:
 SECRETS = (("server_token",), ("worker_token",), ("reward", "judge_api_key"))  # never written to a run folder
 
 
+def _reward_fn_name(fn) -> str:
+    """`module.qualname` of a custom reward function (its class's for a callable object, its
+    function's for a functools.partial): what config.json records, the same in every process."""
+    fn = getattr(fn, "func", fn)
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
+
 def redacted(cfg: Config) -> dict:
-    """`to_dict(cfg)` with every secret that is set replaced by "<redacted>" (what config.json records).
+    """`to_dict(cfg)` as config.json records it: every secret that is set replaced by "<redacted>",
+    secrets inside values masked (`mcp_rl.redact`: URL passwords and query values in server,
+    rollout_workers and judge_base_url, secret-looking keys of judge_params), and custom rewards as
+    {name, fn: module.qualname, weight}. A resume compares this with the recorded one.
 
     >>> redacted(Config(server_token="s3cret"))["server_token"], redacted(Config())["server_token"]
     ('<redacted>', None)
+    >>> redacted(Config(server="http://bob:pw@h/mcp?key=k", rollout_workers=["http://h:81/?t=1"]))["server"]
+    'http://bob:***@h/mcp?key=***'
     """
     data = to_dict(cfg)
     for *path, key in SECRETS:
@@ -271,6 +298,14 @@ def redacted(cfg: Config) -> dict:
             node = node[part]
         if node.get(key):
             node[key] = "<redacted>"
+    data["server"] = redact(data["server"])
+    data["rollout_workers"] = [redact(u) for u in data["rollout_workers"]]
+    reward = data["reward"]
+    if reward.get("judge_base_url"):
+        reward["judge_base_url"] = redact(reward["judge_base_url"])
+    reward["judge_params"] = redact_params(reward["judge_params"])
+    reward["custom"] = [{"name": name, "fn": _reward_fn_name(fn), "weight": weight}
+                        for name, fn, weight in cfg.reward.custom]
     return data
 
 
@@ -290,11 +325,22 @@ def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
         raise ValueError(f"config file {p} does not exist")
     text = p.read_text()
     if p.suffix == ".toml":
-        data = tomllib.loads(text)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {p} is not valid TOML ({e}): fix that line") from None
     elif p.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"config file {p} is not valid JSON ({e}): fix that line") from None
     else:
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            raise ValueError(f"config file {p} is not valid YAML ({getattr(e, 'problem', None) or 'parse error'}"
+                             f"{f' at line {mark.line + 1}' if mark else ''}): fix that line") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {p} must hold a mapping of fields, got {type(data).__name__}")
     return preset(data.pop("preset", base), **data)
@@ -302,7 +348,11 @@ def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
 
 def _value(raw: str):
     """A YAML value, with the floats YAML 1.1 reads as text ("2e-4", "1e3") read as floats."""
-    value = yaml.safe_load(raw)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ValueError(f"override value {short(redact(raw))} is not YAML ({getattr(e, 'problem', None) or e}): quote "
+                         "text holding ?, :, # or brackets, e.g. rollout_workers=['http://h:81/?a=1']") from None
     if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
         return float(value)
     return value

@@ -154,6 +154,8 @@ def write_json_atomic(path: Path, data) -> None:
                 f.writelines(json.dumps(row, default=str) + "\n" for row in data)
             else:
                 json.dump(data, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash must not leave an empty state.json in place
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -9,6 +9,9 @@ No run config.json is needed, so notebook runs export too. Portable checkpoints 
 `RUN/checkpoints/step-NNNN/adapter/` (peft) + trainer_state.json; ART ones are `art_trainer.json`,
 a record of where ART keeps the LoRA (`<art_path>/<project>/models/<name>/checkpoints/NNNN`, a
 peft folder); notebooks also write `RUN/final/`. The adapter needs no export: it already is one.
+Whatever finds an adapter here (export, `serve --adapter`, `eval --adapter`) first checks its files
+against the checkpoint's manifest (sizes and sha256, `mcp_rl.manifest`); one saved without a manifest
+gets the check that needs none (each safetensors file as long as its header says).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from .art_backend import STATE_FILE as ART_STATE
 from .local_policy import SMOLLM2
+from .manifest import ART_PREFIX, MANIFEST, check_safetensors, verify_manifest
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +39,19 @@ EXPECTED = ("expected a run folder (checkpoints/step-N/ inside), a checkpoint fo
 _STEP = re.compile(r"(?:step-)?(\d+)")  # ours (step-0003) and ART's own (0003); not step-0003.tmp-xyz
 
 
-def _checked(adapter: Path) -> Path:
+def _checked(adapter: Path, art_record: Path | None = None) -> Path:
+    """`adapter`, once its files match the manifest saved with them (CheckpointCorrupt otherwise)."""
     if not any((adapter / w).is_file() for w in ADAPTER_WEIGHTS):
         raise FileNotFoundError(f"{adapter} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS[0]}: use another checkpoint")
+    if art_record is not None:  # ART's LoRA folder, listed in our step folder's manifest
+        verified = verify_manifest(art_record, only=ART_PREFIX, art_checkpoint=adapter)
+    elif (adapter.parent / MANIFEST).is_file() and adapter.name == "adapter":  # a portable checkpoint's adapter/
+        verified = verify_manifest(adapter.parent, only="adapter/")
+    else:
+        verified = verify_manifest(adapter)
+    if not verified:
+        for f in adapter.glob("*.safetensors"):
+            check_safetensors(f)
     return adapter
 
 
@@ -59,7 +73,7 @@ def _from_art_record(ckpt: Path) -> tuple[Path, str | None]:
     tails = [run / Path(*where.parts[i:]) for i in range(1 if where.is_absolute() else 0, len(where.parts) - 4)]
     for candidate in [where, *tails]:
         if (candidate / ADAPTER_CONFIG).is_file():
-            return _checked(candidate), state.get("base_model")
+            return _checked(candidate, art_record=ckpt), state.get("base_model")
     raise FileNotFoundError(f"{record} points at ART's LoRA folder {where}, which is not there (nor under {run}); "
                             "copy that folder next to the run or pass --adapter <that folder>")
 

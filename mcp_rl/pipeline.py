@@ -13,6 +13,7 @@ step is lost or repeated.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -21,10 +22,12 @@ from pathlib import Path
 import art
 
 from . import distributed
+from .art_backend import STATE_FILE as ART_STATE
 from .audit import log_tool_calls
 from .config import Config
 from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
 from .evidence import flags, monitor
+from .manifest import MANIFEST, write_manifest
 from .parts import rollout_config
 from .policy import DemonstrationPolicy
 from .reward_audit import audit_reward
@@ -163,11 +166,23 @@ async def _maybe_async(value):
     return await value if hasattr(value, "__await__") else value
 
 
+def _art_checkpoint(ckpt: Path) -> Path | None:
+    """ART's LoRA folder named by the record an ART trainer saves in `ckpt` (None for other trainers)."""
+    record = ckpt / ART_STATE
+    if not record.is_file():
+        return None
+    return Path(json.loads(record.read_text()).get("art_checkpoint") or ckpt)
+
+
 def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
-    """Checkpoint, then state.json (the commit point), then metrics.jsonl; rank 0 alone writes."""
+    """Checkpoint (with its manifest of sha256), then state.json (the commit point), then metrics.jsonl;
+    rank 0 alone writes."""
     if not distributed.is_main():
         return
-    trainer.save(run_dir / "checkpoints" / f"step-{state['step']:04d}")
+    ckpt = run_dir / "checkpoints" / f"step-{state['step']:04d}"
+    trainer.save(ckpt)
+    if ckpt.is_dir() and not (ckpt / MANIFEST).is_file():  # the portable trainer writes its own, atomically
+        write_manifest(ckpt, art_checkpoint=_art_checkpoint(ckpt))
     write_json_atomic(run_dir / "state.json", state)
     write_json_atomic(run_dir / "metrics.jsonl", state["history"])
     steps = sorted((p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()),

@@ -14,12 +14,16 @@ Every phase is committed in `<out>/state.json` (written atomically), so re-runni
 cell, restarting the kernel or resuming after a disconnect continues where the run
 stands: "base" is always the step-0 policy, and no step is repeated or stacked
 silently. `open_run(cfg, fresh=True)` starts a new folder beside an existing run instead.
+
+A folder whose record is gone or unreadable is refused, never taken for a new run: checkpoints or
+evaluations without state.json, a state.json without the config.json it was recorded with, either
+file empty, cut short or of the wrong shape (`RunFolderError`, one line naming the file). A
+checkpoint is loaded only after its files match the sha256 manifest saved with it (`mcp_rl.manifest`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -28,6 +32,8 @@ from .audit import TOOL_CALLS, log_tool_calls
 from .config import Config, redacted
 from .evaluate import EvalResult, load_eval, write_json_atomic, write_report
 from .guard import short
+from .manifest import verify_manifest
+from .run_record import RunFolderError, changes, check_record, legacy_custom, read_record, read_state
 
 # Trainers loaded in this process, by run folder: a notebook cell run twice reuses the model
 # (and, for ART, the vLLM server already on the GPU) instead of loading a second copy.
@@ -65,51 +71,12 @@ def _seed_torch(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# What may change when a run resumes: its length, the periodic evaluation's cadence, where servers,
-# workers and the judge live, and memory or speed knobs that leave the update's math as it was.
-# Any other field shapes what is learned or measured, and a change to it is refused.
-RESUMABLE_CHANGES = {
-    "out", "server", "server_token", "rollout_workers", "worker_token", "policy_port", "policy_batch",
-    "rollout.call_timeout", "rollout.timeout", "rollout.concurrency",
-    "reward.judge_base_url", "reward.judge_api_key", "reward.judge_retries", "reward.judge_backoff_s",
-    "reward.judge_timeout_s",
-    "train.steps", "train.eval_every", "train.eval_every_split", "train.eval_every_scenarios",
-    "train.micro_batch_size", "train.micro_batch_tokens", "train.logprob_chunk_size", "train.gradient_checkpointing",
-    "train.precision",
-}
-
-
-def _said(value) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 30 else text[:30] + "…"
-
-
-def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b, name = old.get(k), new.get(k), prefix + k
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _changes(a, b, name + ".")
-        elif a != b and name not in RESUMABLE_CHANGES and k in old and k in new:  # a field added or
-            out.append(f"{name}: {_said(a)} -> {_said(b)}")                          # dropped since: no record
-    return out
-
-
-def _state(run_dir: Path) -> dict:
-    path = run_dir / "state.json"
-    if path.exists():
-        state = json.loads(path.read_text())
-        state.setdefault("evals", {})
-        return state
-    return {"step": 0, "history": [], "phase": "new", "evals": {}}
-
-
 class Run:
     """One run folder; see the module docstring. Build it with `open_run`."""
 
     def __init__(self, cfg: Config):
         self.cfg, self.dir = cfg, Path(cfg.out)
-        self.state = _state(self.dir)
+        self.state = read_state(self.dir)
         self.results: dict[str, EvalResult] = {}
         self._trainer = None
 
@@ -146,6 +113,7 @@ class Run:
                                  "its commit leaves them): it is not the base model. Restart the runtime (a fresh "
                                  "trainer), or open_run(cfg, fresh=True)")
         elif ckpt.exists() and not synced:
+            verify_manifest(ckpt)  # a checkpoint copied in part fails here, with its file named
             record = trainer.load(ckpt) or {}
             print(f"trainer: loaded {ckpt}")
             self._count_an_unrecorded_update(trainer, int(record.get("step", trainer.step)))
@@ -297,13 +265,16 @@ def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True) -> Run:
         holds_run = False
     elif holds_run and not resume:
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or --out a new folder")
+    if holds_run:
+        check_record(out)
     if distributed.is_main():
         out.mkdir(parents=True, exist_ok=True)
     run = Run(cfg)
     run.state = distributed.broadcast_object(run.state, "run state")  # rank 0's record, on every rank
     if holds_run and run.state["phase"] != "new":
-        recorded = out / "config.json"
-        changed = _changes(json.loads(recorded.read_text()), redacted(cfg)) if recorded.exists() else []
+        recorded, now = read_record(out / "config.json"), redacted(cfg)
+        legacy_custom(recorded, now)
+        changed = changes(recorded, now)
         if changed:
             raise ValueError(f"{out} was recorded with other settings ({'; '.join(changed[:4])}"
                              f"{f'; {len(changed) - 4} more' if len(changed) > 4 else ''}): resuming would mix two "
@@ -345,4 +316,4 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None) -> dict:
     return {**r.results, "report": report, "trainer": trainer}
 
 
-__all__ = ["Run", "open_run", "run"]
+__all__ = ["Run", "RunFolderError", "open_run", "run"]

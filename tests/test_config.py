@@ -113,3 +113,60 @@ def test_overrides_read_exponent_floats_as_numbers(raw, expected):
 
 def test_override_strings_stay_strings():
     assert apply_overrides(preset("cpu"), ["out=runs/1e5-x"]).out == "runs/1e5-x"
+
+
+# ---- field types, named (YAML 1.1 included) --------------------------------------------------
+@pytest.mark.parametrize("text, field, value", [
+    ("train:\n  learning_rate: 1e-4\n", "learning_rate", 1e-4),  # YAML 1.1 reads it as the text '1e-4'
+    ("train:\n  warm_start_lr: 5E-5\n", "warm_start_lr", 5e-5),
+    ("train:\n  steps: 4.0\n", "steps", 4),
+    ("train:\n  eval_temperature: 1\n", "eval_temperature", 1.0),
+])
+def test_yaml_numbers_are_read_as_the_field_needs(tmp_path, text, field, value):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    got = getattr(load_config(path).train, field)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train:\n  steps: three\n", r"train.steps must be a whole number, got 'three' \(str\)"),
+    ("train:\n  steps: 2.5\n", "train.steps must be a whole number, got 2.5"),
+    ("train:\n  learning_rate: [1, 2]\n", r"train.learning_rate must be a number, got \[1, 2\] \(list\)"),
+    ("train: [1, 2]\n", r"train must be a section of fields .*got \[1, 2\] \(list\)"),
+    ("allow_side_effects: 'no'\n", "allow_side_effects must be true or false, got 'no'"),
+    ("train:\n  gradient_checkpointing: 'off'\n", "train.gradient_checkpointing must be true or false, got 'off'"),
+    ("reward:\n  exact_integers: 'yes'\n", "reward.exact_integers must be true or false, got 'yes'"),
+    ("reward:\n  verified_weight: [1]\n", "reward.verified_weight must be a number"),
+    ("rollout:\n  max_turns: many\n", "rollout.max_turns must be a whole number"),
+    ("model: no\n", "model must be text, got False"),  # YAML 1.1: an unquoted no is false
+    ("rollout_workers: http://h:8101\n", "rollout_workers must be a list, got 'http://h:8101'"),
+    ("deny_tools: [1]\n", r"deny_tools\[0\] must be text, got 1"),
+    ("reward:\n  judge_params: [temperature]\n", "reward.judge_params must be a mapping"),
+    ("train:\n  steps: 3\n  bad: [\n", "is not valid YAML .* at line 4"),
+])
+def test_a_value_of_the_wrong_type_names_its_field(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as e:
+        load_config(path)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.steps=three"], "train.steps must be a whole number"),
+    (["tool_prefix='no'"], "tool_prefix must be true or false"),
+    (["rollout_workers=[http://h:81/?a=1]"], "is not YAML .*quote text"),
+])
+def test_overrides_of_the_wrong_type_name_their_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(preset("cpu"), overrides)
+
+
+def test_dataclasses_built_in_python_are_checked_too():
+    with pytest.raises(ValueError, match="train.steps must be a whole number"):
+        TrainConfig(steps="3")
+    with pytest.raises(ValueError, match="train must be a section"):
+        Config(train=[1, 2])
+    from pathlib import Path
+    assert Config(out=Path("runs/x")).out == "runs/x"  # a path where text goes is text

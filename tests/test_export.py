@@ -304,3 +304,61 @@ def test_cli_export_needs_something_to_write(lora, tmp_path, capsys):
     portable_run(lora, run)
     assert cli.main(["export", "--run", str(run)]) == 2
     assert "nothing to write" in capsys.readouterr().err
+
+
+# ---- an adapter is used only as it was saved (mcp_rl/manifest.py) -------------------------
+def zero_tail(path: Path, n: int = 256) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:-n] + b"\0" * n)
+
+
+def cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-1000])
+
+
+def damaged_run(lora, tmp, base, layout, damage, manifest=True):
+    from mcp_rl.manifest import write_manifest
+
+    given, adapter = LAYOUTS[layout](lora, tmp, base)
+    if manifest and layout.startswith("art"):
+        write_manifest(tmp / "run/checkpoints/step-0003", art_checkpoint=adapter)
+    elif manifest:
+        write_manifest(adapter.parent)
+    damage(adapter / "adapter_model.safetensors")
+    return given
+
+
+@pytest.mark.parametrize("layout", ["portable run", "art run", "portable checkpoint"])
+@pytest.mark.parametrize("damage, manifest, says", [
+    (zero_tail, True, "is not the file saved"), (cut, True, "bytes, not the"), (cut, False, "header says"),
+])
+def test_find_adapter_refuses_an_adapter_that_is_not_as_saved(layout, damage, manifest, says, lora, base_dir, tmp_path):
+    from mcp_rl.manifest import CheckpointCorrupt
+
+    given = damaged_run(lora, tmp_path, base_dir, layout, damage, manifest)
+    with pytest.raises(CheckpointCorrupt, match=f"adapter_model.safetensors .*{says}"):
+        find_adapter(given)
+
+
+def test_an_intact_adapter_with_its_manifest_is_found(lora, base_dir, tmp_path):
+    assert find_adapter(damaged_run(lora, tmp_path, base_dir, "art run", lambda p: None)).name == "0003"
+
+
+@pytest.mark.parametrize("command", [
+    ["export", "--run", "{run}", "--merged", "{tmp}/m"],
+    ["serve", "--adapter", "{run}"],  # the base the adapter records, then the adapter
+    ["serve", "--adapter", "{run}", "--model", "{base}"],  # the base given: the adapter is checked as it loads
+    ["eval", "--adapter", "{run}", "--server", "company"],
+])
+def test_cli_commands_print_a_damaged_adapter_as_one_line(command, lora, base_dir, tmp_path, capsys, monkeypatch):
+    from mcp_rl import serve
+
+    monkeypatch.delenv("MCP_RL_DEBUG", raising=False)
+    monkeypatch.setattr(serve, "serve_policy", lambda *a, **k: pytest.fail("served a damaged adapter"))
+    run = damaged_run(lora, tmp_path, base_dir, "portable run", zero_tail)
+    args = [c.format(run=run, tmp=tmp_path, base=base_dir) for c in command]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err  # (a loading bar may come first, from loading the --model base)
+    last = err.splitlines()[-1]
+    assert last.startswith("error: ") and "adapter_model.safetensors is not the file saved" in last
+    assert "Traceback" not in err and err.count("error:") == 1

@@ -103,7 +103,7 @@ async def test_a_trained_model_is_never_evaluated_as_base(tmp_path, server, buil
 
 def test_base_past_step_0_without_a_saved_result_is_refused(tmp_path):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    open_run(config(run_dir))  # records config.json
     (run_dir / "state.json").write_text(json.dumps({"step": 2, "history": [], "phase": "training", "evals": {}}))
     run = open_run(config(run_dir))
     run._trainer = type("T", (), {"step": 2, "policy": None})()
