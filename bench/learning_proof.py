@@ -155,8 +155,9 @@ def install_deadline(cfg, start: float, deadline_s: float, timings: dict, *, pau
 
 
 def compare(final: list[dict], other: list[dict], min_gap: float) -> dict:
-    """Gap in verified success@1 on the same scenarios, with unpaired and paired standard errors."""
-    ok = lambda rows: {r["scenario_id"]: float(r["verified"] >= 0.999) for r in rows}  # noqa: E731
+    """Gap in grounded success@1 (right, with evidence: what the reward pays) on the same scenarios, with
+    unpaired and paired standard errors; rows saved before the grounding rule count by `verified`."""
+    ok = lambda rows: {r["scenario_id"]: float(r.get("grounded", r["verified"]) >= 0.999) for r in rows}  # noqa: E731
     a, b = ok(final), ok(other)
     ids = sorted(set(a) & set(b))
     n = len(ids)
@@ -178,7 +179,7 @@ def held_out_curve(rows: dict, periodic: dict[int, list[dict]], steps: int) -> l
     Every point counts only the scenarios all periodic evaluations share (the first
     `train.eval_every_scenarios` held-out ones), so the curve compares like with like; the full
     held-out set is in the comparisons."""
-    rate = lambda rs: sum(r["verified"] >= 0.999 for r in rs) / max(len(rs), 1)  # noqa: E731
+    rate = lambda rs: sum(r.get("grounded", r["verified"]) >= 0.999 for r in rs) / max(len(rs), 1)  # noqa: E731
     ids = set.intersection(*({r["scenario_id"] for r in rs} for rs in periodic.values())) if periodic else None
 
     def point(step: int, label: str, rs: list[dict]) -> dict:
@@ -203,8 +204,9 @@ def plot_curve(run_dir: Path, curve: list[dict], history: list[dict]) -> None:
     steps = [h for h in history if "reward_mean" in h]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([c["step"] for c in curve], [c["success"] for c in curve], marker="o", label="held-out (greedy)")
-    ax.plot([h["step"] for h in steps], [h["success_rate"] for h in steps], alpha=0.5, label="training rollouts")
-    ax.set_xlabel("GRPO step"), ax.set_ylabel("verified success"), ax.legend(), ax.set_title(run_dir.name)
+    ax.plot([h["step"] for h in steps], [h.get("grounded_rate", h["success_rate"]) for h in steps], alpha=0.5,
+            label="training rollouts")
+    ax.set_xlabel("GRPO step"), ax.set_ylabel("grounded success"), ax.legend(), ax.set_title(run_dir.name)
     fig.tight_layout(), fig.savefig(run_dir / "curve.png", dpi=110), plt.close(fig)
 
 

@@ -77,3 +77,23 @@ def test_cli_audit_reward_prints_the_table(capsys):
     assert main(["audit-reward", "--split", "test", "--n", "6"]) in (0, 1)
     out = capsys.readouterr().out
     assert "| demonstrations (honest) | 6 | 100.0% |" in out and "kitchen sink" in out
+
+
+def _judge(scores):
+    import json
+
+    return json.dumps({"scores": [{"trajectory_id": str(i), "explanation": "x", "score": s}
+                                  for i, s in enumerate(scores, start=1)]})
+
+
+@pytest.mark.parametrize("lazy, refused", [(True, True), (False, False)])
+def test_ruler_rewards_are_audited_too(company_db, lazy, refused):
+    """A judge that likes every episode is refused; one that ranks the demonstration first passes.
+    (litellm's mock_response stands in for the judge at the network boundary.)"""
+    scenarios = _split("test")[:6]
+    n = len(_audit(company_db, scenarios, RewardConfig()).rows) + 1  # the group: demonstration + every cheat
+    scores = [1.0] * n if lazy else [1.0] + [0.0] * (n - 1)
+    reward = RewardConfig(verified_weight=0.0, judge_model="openai/judge", judge_backoff_s=0, judge_retries=0,
+                          judge_params={"mock_response": _judge(scores)})
+    report = _audit(company_db, scenarios, reward)
+    assert bool(report.failed()) == refused and not report.skipped
