@@ -9,7 +9,7 @@
 RL optimises exactly what the reward pays, so before a run trusts a reward it plays policies that
 never do the work: an empty answer, the question echoed, the most common answer of each type seen in
 the tasks (and 0 and 1), kitchen sinks built from the values the server itself returned to the
-demonstrations (spaces, commas, newlines), the demonstration's own lookups followed by a constant,
+demonstrations (spaces, commas, newlines), the demonstration's own data lookup followed by a constant,
 and the last result of another task's lookups pasted whole. Each scenario's demonstration and cheats form ONE group scored
 by `rewards.score_group` (RULER too, where a judge is configured, so the judge sees them side by side).
 A cheat episode succeeds when it earns the paid verified credit, or, for any reward, 90% of what the
@@ -128,27 +128,27 @@ def cheat_answers(scenarios: Sequence[Any]) -> dict[str, str]:
 
 
 def _values(results: list[str]) -> tuple[list[str], list[str]]:
-    """(words, numbers): the distinct short text values and the numbers the server returned, most frequent first."""
+    """(names, numbers and dates): the distinct short values the server returned, most frequent first."""
     words, numbers = Counter(), Counter()
     for r in results:
         for line in (values_of(r) or "").splitlines():
             v = line.strip()
             if not v or len(v) > 40:
                 continue
-            try:
-                float(v.replace(",", ""))
-                numbers[v] += 1
-            except ValueError:
-                words[v] += 1
+            # Numbers and dates (anything with a digit) apart from names: a kitchen sink of names
+            # for a name question, of numbers for a number question.
+            (numbers if any(c.isdigit() for c in v) else words)[v] += 1
     return [w for w, _ in words.most_common(12)], [n for n, _ in numbers.most_common(12)]
 
 
 def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
     by_task = {s.task.strip(): s for s in scenarios}
 
-    def own_lookups(scenario, tools):  # the demonstration's own calls (honest lookups), else zero-argument tools
+    def own_lookups(scenario, tools):
+        """The demonstration's data lookup (its last call: schema calls before it add no evidence, see
+        evidence.py), else every tool that takes no required argument."""
         if plan is not None:
-            return [c for c in plan(scenario) if c["tool"] != COMPLETE_TOOL_NAME]
+            return [c for c in plan(scenario) if c["tool"] != COMPLETE_TOOL_NAME][-1:]
         return [{"tool": t["function"]["name"], "arguments": {}} for t in tools
                 if t["function"]["name"] != COMPLETE_TOOL_NAME and not t["function"].get("parameters", {}).get("required")]
 
@@ -170,8 +170,9 @@ def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
     if numbers:
         cheats.append(_Cheat("kitchen sink of numbers", by_task, lambda s, r: " ".join(numbers)))
     cheats += [
+        # The right value (its own lookup shows it) hidden among every name the server returned.
         _Cheat("lookups, then every name seen", by_task,
-               lambda s, r: " ".join(dict.fromkeys(w for w in _values(r)[0]))[:2000], own_lookups),
+               lambda s, r: " ".join(dict.fromkeys(_values(r)[0] + words))[:2000], own_lookups),
         # Another task's lookups: pasting the result of this task's own answering query is honest work.
         _Cheat("another task's lookups, then paste the last result", by_task,
                lambda s, r: (r[-1] if r else "")[:2000], other_lookups),

@@ -35,7 +35,8 @@ def small_config(out, steps):
     return apply_overrides(preset("cpu", server="company"), [
         f"out={out}", f"train.steps={steps}", "train.groups_per_step=2", "train.group_size=2",
         "train.warm_start_scenarios=2", "train.warm_start_epochs=1", "train.eval_scenarios=3",
-        "rollout.max_turns=6", "rollout.max_tokens=12"])
+        "rollout.max_turns=6", "rollout.max_tokens=12",
+        "reward.audit_scenarios=0"])  # the reward audit has its own tests (test_reward_audit.py)
 
 
 @pytest.mark.slow

@@ -97,3 +97,19 @@ def test_ruler_rewards_are_audited_too(company_db, lazy, refused):
                           judge_params={"mock_response": _judge(scores)})
     report = _audit(company_db, scenarios, reward)
     assert bool(report.failed()) == refused and not report.skipped
+
+
+def test_a_run_with_a_gameable_reward_stops_before_its_model_loads(tmp_path, monkeypatch):
+    """Through `mcp_rl.run` (the company server over HTTP): the audit refuses, no trainer is built."""
+    from mcp_rl import parts
+    from mcp_rl.config import apply_overrides
+    from mcp_rl.runs import run
+
+    monkeypatch.setattr(parts, "build_trainer", lambda cfg: pytest.fail("the model loaded before the audit"))
+    nonempty = lambda traj, scenario: float(bool(traj.metadata.get("answer")))  # noqa: E731
+    cfg = apply_overrides(preset("cpu", server="company"), [f"out={tmp_path / 'run'}", "reward.audit_scenarios=8"])
+    cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, verified_weight=0.0,
+                                                              custom=[("nonempty", nonempty, 1.0)]))
+    with pytest.raises(RewardGameable):
+        asyncio.run(run(cfg))
+    assert "FAILED" in (tmp_path / "run" / "reward_audit.md").read_text()

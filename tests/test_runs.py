@@ -30,7 +30,8 @@ def server():
 def config(out, steps=1):
     return apply_overrides(preset("cpu", server="company"), [
         f"out={out}", f"train.steps={steps}", "train.groups_per_step=1", "train.group_size=2",
-        "train.warm_start_scenarios=2", "train.eval_scenarios=2", "rollout.max_turns=6", "rollout.max_tokens=8"])
+        "train.warm_start_scenarios=2", "train.eval_scenarios=2", "rollout.max_turns=6", "rollout.max_tokens=8",
+        "reward.audit_scenarios=0"])  # the reward audit has its own tests (test_reward_audit.py)
 
 
 @pytest.fixture
