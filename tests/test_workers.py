@@ -1,9 +1,10 @@
-"""Tests for mcp_rl/workers.py: rollout workers over loopback HTTP, their 4xx answers, and a step that
-survives a worker killed mid-rollout.
+"""Tests for mcp_rl/workers.py and worker_server.py: rollout workers over loopback HTTP, their 4xx
+answers, a step that survives a worker killed mid-rollout, and what a worker refuses (hardening).
 
-Each worker is a real `python -m mcp_rl rollout-worker --server company` process (the company server
-over HTTP beside it); the policy is a scripted one served by `remote_rollouts` itself through
-serve.openai_app, so a test takes seconds. Run: pytest tests/test_workers.py
+Most workers are real `python -m mcp_rl rollout-worker --server company` processes (the company
+server over HTTP beside it); the hardening tests run worker_app in-process (uvicorn in a thread) over
+an in-process FastMCP server with a side-effect tool. The policy is a scripted one served on
+loopback through serve.openai_app, so a test takes seconds. Run: pytest tests/test_workers.py
 """
 
 import asyncio
@@ -331,7 +332,7 @@ def test_the_policy_url_must_be_on_this_machine(fx):
     far = {**body, "policy": {**body["policy"], "base_url": "http://10.11.12.13:8000/v1?key=abc"}}
     r = post(url, far)
     assert r.status_code == 403 and "--allow-remote-policy" in r.json()["error"] and "abc" not in r.text
-    from mcp_rl.workers import _parse
+    from mcp_rl.worker_server import _parse
 
     assert _parse(far, ToolPolicy(), True)[2]["base_url"].startswith("http://10.11")  # the operator may allow it
 
