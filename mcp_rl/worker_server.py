@@ -32,6 +32,8 @@ from .scenarios import Scenario
 __all__ = ["worker_app", "cmd_rollout_worker", "add_worker_parser", "SHUTDOWN_S", "MAX_GROUP"]
 MAX_GROUP = 256
 SHUTDOWN_S = 3.0  # after SIGTERM, rollouts in flight get this long before they are cancelled
+NEED_TOKEN = ("a rollout worker needs a token: pass --token (or set MCP_RL_WORKER_TOKEN); "
+              "--insecure-no-token serves without one, on a machine nobody else uses")
 
 
 def _bad(status: int, message: str) -> JSONResponse:
@@ -148,8 +150,7 @@ def worker_app(server: Any, *, token: str | None = None, insecure_no_token: bool
     from .policy import OpenAIPolicy
 
     if not token and not insecure_no_token:
-        raise ValueError("a rollout worker needs a token: pass --token (or set MCP_RL_WORKER_TOKEN); "
-                         "--insecure-no-token serves without one, on a machine nobody else uses")
+        raise ValueError(NEED_TOKEN)
     cap = tools or ToolPolicy()
 
     def authorised(request: Request) -> bool:
@@ -192,7 +193,6 @@ def worker_app(server: Any, *, token: str | None = None, insecure_no_token: bool
                      middleware=[Middleware(LoopbackOnly, refuse=_bad, hosts=hosts)])
 
 
-
 def _sigterm_unwinds() -> None:
     """SIGTERM as an exception in the main thread once uvicorn has shut down, so the `with` blocks
     stop the servers the worker started (uvicorn re-raises the signal it caught after its shutdown;
@@ -216,8 +216,7 @@ def cmd_rollout_worker(a: Any) -> int:
     if not 0 < a.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {a.port}")
     if not a.token and not a.insecure_no_token:  # before any server is started
-        raise ValueError("a rollout worker needs a token: pass --token (or set MCP_RL_WORKER_TOKEN); "
-                         "--insecure-no-token serves without one, on a machine nobody else uses")
+        raise ValueError(NEED_TOKEN)
     tools = ToolPolicy(allow=a.tools, deny=a.deny_tools or (), allow_side_effects=a.allow_side_effects)
     _sigterm_unwinds()
     with contextlib.ExitStack() as stack:
