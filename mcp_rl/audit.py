@@ -114,7 +114,7 @@ def record_tool_call(scenario: str | None, tool: str, arguments: Any, error: str
     args, n = _cut(arguments)
     audit.writer.write({
         "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-        "phase": audit.phase, "scenario": scenario, "tool": tool[:200], "args": args, "args_chars": n,
+        "phase": audit.phase, "scenario": None if scenario is None else str(scenario)[:200], "tool": tool[:200], "args": args, "args_chars": n,
         "error": error, "ms": round(seconds * 1000, 2),
     })
 

@@ -9,19 +9,28 @@
 
 Used by the demo and the notebooks so the agent talks to the company server
 over a real transport (streamable HTTP), one session per rollout.
+
+The child never outlives its starter: `stop()` (or the `with` block) ends it, so does the starting
+interpreter's normal exit (atexit), and on Linux so does the starter's death by any signal,
+SIGKILL included (PR_SET_PDEATHSIG, asked for in the child before it runs the server). A Jupyter
+kernel killed at shutdown, or a rollout worker killed by its supervisor, leaves no server running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import signal
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER_SCRIPT = REPO / "mcp_server.py"
@@ -32,6 +41,35 @@ def company_server_command(db: str | Path | None = None) -> list[str]:
     if not SERVER_SCRIPT.exists():
         raise FileNotFoundError(f"{SERVER_SCRIPT} is missing: install mcp-rl from a checkout (pip install -e .)")
     return [sys.executable, str(SERVER_SCRIPT), *(["--db", str(db)] if db else [])]
+
+
+def _die_with_parent() -> Any:
+    """A preexec_fn asking Linux for SIGTERM to the child when the thread that started it dies; None
+    elsewhere (atexit and stop() end it there). libc is loaded here, in the parent: a forked child
+    of a threaded process must not import or load anything before it execs."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+_LIVE: set[subprocess.Popen] = set()  # started and not stopped: ended when the interpreter exits
+atexit.register(lambda: [_end(p) for p in list(_LIVE)])
 
 
 def free_port() -> int:
@@ -60,10 +98,20 @@ class HttpServer:
         return {"url": self.url, **({"token": self.token} if self.token else {})}
 
     def start(self) -> "HttpServer":
+        self._spawn()
+        return self._wait()
+
+    def _spawn(self) -> None:
         env = {**os.environ, **({"MCP_RL_TOKEN": self.token} if self.token else {})}
+        # PDEATHSIG follows the thread that forks: only the main thread lives as long as the process.
+        main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(
             [*self.argv, "--transport", "http", "--host", "127.0.0.1", "--port", str(self.port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=self._log, text=True)
+            env=env, stdout=subprocess.DEVNULL, stderr=self._log, text=True,
+            preexec_fn=_die_with_parent() if main else None)
+        _LIVE.add(self.proc)
+
+    def _wait(self) -> "HttpServer":
         try:
             return self._wait_listening()
         except BaseException:  # a failed start, or Ctrl-C / a cancelled task while waiting: no orphan
@@ -92,13 +140,9 @@ class HttpServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            _end(self.proc)
+            _LIVE.discard(self.proc)
 
     def __enter__(self) -> "HttpServer":
         return self.start()
@@ -113,7 +157,8 @@ async def serve_http(argv: list[str], *, port: int | None = None, token: str | N
     """Run an HttpServer for the duration of an `async with`; yield its /mcp URL."""
     server = HttpServer(argv, port=port, token=token, startup_timeout=startup_timeout)
     try:
-        await asyncio.to_thread(server.start)  # cancelled while starting: the finally stops it
+        server._spawn()  # on this (the loop's) thread: a worker thread's exit would signal the child
+        await asyncio.to_thread(server._wait)  # cancelled while starting: the finally stops it
         yield server.url
     finally:
         server.stop()

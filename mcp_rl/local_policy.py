@@ -8,7 +8,10 @@ The policy samples from the model object in place, so a trainer that updates its
 (LoRA) weights makes the next `complete` use them (DESIGN.md, "Choices").
 Concurrent `complete` calls (a GRPO group, parallel rollouts) are batched into
 one left-padded decode (decoder.py: a StaticCache, replayed as a CUDA graph on a GPU), run in
-a worker thread so the event loop keeps serving MCP calls. Loading lives in models.py, the
+a worker thread so the event loop keeps serving MCP calls; the prompt is tokenised in a thread too
+(a megabyte prompt takes seconds). A request whose caller gives up (a cancelled `complete`: the
+served endpoint's client disconnected or ran out of time) is dropped from its batch within 8
+decode steps, and the decode stops once no row is left. Loading lives in models.py, the
 tool-calling chat template in chat_templates.py; their names are re-exported here.
 """
 
@@ -119,7 +122,8 @@ class LocalPolicy:
         return ids
 
     async def complete(self, messages: list, tools: list[dict], *, max_tokens: int, temperature: float) -> Any:
-        prompt = prompt_ids(self.tokenizer, messages, tools)  # earlier sampled turns (Choices) as their ids
+        # Earlier sampled turns (Choices) as their ids; in a thread, so a huge prompt holds no other caller.
+        prompt = await asyncio.to_thread(prompt_ids, self.tokenizer, messages, tools)
         forced = self._prefix_ids if self.tool_prefix else []
         room = self.max_context - len(prompt) - len(forced)
         if room <= 0:
@@ -208,6 +212,9 @@ class LocalPolicy:
                 done |= torch.isin(tok, stops)
                 if (t + 1) % 8 == 0 or t + 1 == max_new:  # host syncs every 8 steps, not every step
                     checked = self._stop_at_string(tokens, done, checked, t + 1)
+                    gone = [i for i, r in enumerate(reqs) if r.future.cancelled()]  # callers that gave up
+                    if gone:
+                        done[gone] = True
                     done |= limits <= t + 1  # a row past its own max_tokens is finished too
                     finished = done & ~handed
                     if self.hand_back and t + 1 < max_new and bool(finished.any()):

@@ -15,11 +15,23 @@ what ART trains on); `stream: true` sends the finished turn as one chunk; `tool_
 leaves the tools out and returns any call as text; `stop` is refused (the agent stops at end-of-turn
 and after each tool call, as trained); other sampling options (top_p, seed...) are ignored. A bad
 request gets a 4xx with an OpenAI-style error body.
+
+Limits, so one client cannot hold the others (a batch decodes to its longest row):
+- `max_tokens` (server side, `serve --max-tokens`, default 1024): a request asking for more is
+  CLAMPED to it, not refused (agent frameworks send generous defaults); its reply then ends with
+  `finish_reason: "length"` as at any other limit;
+- `request_timeout` (`--request-timeout`, default 300 s): a generation past it is cancelled, 504;
+- a client that disconnects cancels its generation (a LocalPolicy drops the row from its batch);
+- the prompt is tokenised off the event loop, so a huge prompt does not stall other clients;
+- http_checks: POSTs must be `Content-Type: application/json` and the Host a loopback name (a web
+  page in the operator's browser can do neither), bodies are capped while read, and JSON nested
+  deeper than http_checks.MAX_DEPTH is a 400.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import re
@@ -34,11 +46,13 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .guard import short  # a prefix of what a client sent, never all of it
+from .http_checks import BadRequest, LoopbackOnly, read_json
 from .launch import free_port
 from .policy import ContextOverflow, find_tool_calls
 
@@ -157,9 +171,21 @@ def _stream(out: dict, include_usage: bool) -> StreamingResponse:
     return StreamingResponse(iter([body]), media_type="text/event-stream")
 
 
+async def _until_disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body has been read: the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.05)
+
+
 def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 << 20,
-               default_max_tokens: int = 512) -> Starlette:
-    """A Starlette app serving `policy` (anything with `async complete(...)`) as model `name`."""
+               default_max_tokens: int = 512, max_tokens: int = 2048, request_timeout: float = 300.0,
+               hosts: tuple[str, ...] = ()) -> Starlette:
+    """A Starlette app serving `policy` (anything with `async complete(...)`) as model `name`.
+
+    `max_tokens` caps what a request may ask (more is clamped); `request_timeout` bounds a generation
+    (504 after it); `hosts`: Host names accepted besides loopback ones (a proxy's)."""
+    if max_tokens < 1 or request_timeout <= 0:
+        raise ValueError(f"max_tokens must be >= 1 and request_timeout > 0, got {max_tokens}, {request_timeout}")
     served = name or policy.name
     card = {"id": served, "object": "model", "created": int(time.time()), "owned_by": "mcp-rl"}
     unknown = f"is not served here; use {served!r} (GET /v1/models)"
@@ -170,22 +196,28 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
             return JSONResponse(card if asked else {"object": "list", "data": [card]})
         return _error(404, f"model {short(asked)} {unknown}", code="model_not_found")
 
-    async def read_json(request: Request) -> Any:
-        too_big = HTTPException(413, f"the body is over {max_body_bytes} bytes; send a shorter conversation")
-        if int(request.headers.get("content-length", "0")) > max_body_bytes:  # h11 refuses a non-number
-            raise too_big
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_body_bytes:
-                raise too_big
+    async def generate(request: Request, messages: list, tools: list, **kw: Any) -> Any:
+        """policy.complete, cancelled when the client disconnects or the time budget runs out."""
+        async def bounded() -> Any:
+            async with asyncio.timeout(request_timeout):
+                return await policy.complete(messages, tools, **kw)
+
+        work, gone = asyncio.ensure_future(bounded()), asyncio.ensure_future(_until_disconnect(request))
         try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise HTTPException(400, f"the body is not valid JSON ({e}): {short(body.decode('utf-8', 'replace'))}")
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():  # the client left (or this handler was cancelled): stop generating
+                work.cancel()
+        if not work.done() or work.cancelled():
+            raise asyncio.CancelledError("the client disconnected")
+        return work.result()
 
     async def chat(request: Request) -> Any:
-        data = await read_json(request)
+        try:
+            data = await read_json(request, max_body_bytes, too_big="send a shorter conversation")
+        except BadRequest as e:
+            return _error(e.status, e.message)
         if not isinstance(data, dict):
             return _error(400, f"the body must be a JSON object (a chat completion request), got {short(data)}")
         try:
@@ -199,10 +231,17 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
                                "tool call; leave `stop` out")
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in data["messages"]]
         tools = [] if req.tool_choice == "none" else (data.get("tools") or [])
-        max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+        asked = req.max_completion_tokens or req.max_tokens or default_max_tokens
         try:
-            choice = await policy.complete(messages, tools, max_tokens=max_tokens,
-                                           temperature=1.0 if req.temperature is None else req.temperature)
+            choice = await generate(request, messages, tools, max_tokens=min(asked, max_tokens),
+                                    temperature=1.0 if req.temperature is None else req.temperature)
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # the server is shutting down: let it
+                raise
+            return _error(499, "the client closed the request", code="client_closed_request")
+        except TimeoutError:
+            return _error(504, f"the generation took over {request_timeout:.0f} s (the server's --request-timeout); "
+                               "ask for fewer max_tokens", kind="server_error", code="timeout")
         except ContextOverflow as e:  # OpenAIPolicy reads "maximum context length" as ContextOverflow
             return _error(400, f"the conversation exceeds the model's maximum context length: {e}",
                           code="context_length_exceeded")
@@ -211,7 +250,8 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
         except Exception as e:  # noqa: BLE001 - a failed generation fails this request only
             log.exception("generation failed")
             return _error(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
-        usage = _usage(getattr(policy, "tokenizer", None), messages, tools, choice)
+        # Off the event loop: counting a megabyte prompt's tokens takes seconds.
+        usage = await asyncio.to_thread(_usage, getattr(policy, "tokenizer", None), messages, tools, choice)
         if req.tool_choice == "none" and choice.message.tool_calls:  # no calls were asked for: the text stays text
             choice = choice.model_copy(update={"message": choice.message.model_copy(update={"tool_calls": None})})
         out = _completion(choice, served, bool(req.logprobs), usage)
@@ -223,7 +263,8 @@ def openai_app(policy: Any, *, name: str | None = None, max_body_bytes: int = 4 
 
     return Starlette(routes=[Route("/v1/models", models), Route("/v1/models/{model:path}", models),
                              Route("/v1/chat/completions", chat, methods=["POST"])],
-                     exception_handlers={HTTPException: http_error})
+                     exception_handlers={HTTPException: http_error},
+                     middleware=[Middleware(LoopbackOnly, refuse=_error, hosts=hosts)])
 
 
 class ServerThread:
@@ -259,8 +300,9 @@ class ServerThread:
         self.stop()
 
 
-def serve_policy(policy: Any, *, port: int = 8000, name: str | None = None) -> None:
-    """Serve `policy` on 127.0.0.1:`port` until Ctrl-C (blocking)."""
+def serve_policy(policy: Any, *, port: int = 8000, name: str | None = None, max_tokens: int = 1024,
+                 request_timeout: float = 300.0) -> None:
+    """Serve `policy` on 127.0.0.1:`port` until Ctrl-C (blocking); see openai_app for the limits."""
     import uvicorn
 
     if not 0 < port < 65536:
@@ -270,7 +312,9 @@ def serve_policy(policy: Any, *, port: int = 8000, name: str | None = None) -> N
             s.bind((HOST, port))
         except OSError as e:
             raise RuntimeError(f"cannot listen on {HOST}:{port} ({e.strerror}); pass another --port") from e
-    uvicorn.run(openai_app(policy, name=name), host=HOST, port=port, log_level="info")
+    app = openai_app(policy, name=name, max_tokens=max_tokens, default_max_tokens=min(512, max_tokens),
+                     request_timeout=request_timeout)
+    uvicorn.run(app, host=HOST, port=port, log_level="info", timeout_graceful_shutdown=5)
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
@@ -285,7 +329,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     policy = LocalPolicy(model, tokenizer, name=name, tool_prefix=a.tool_prefix, max_batch=a.max_batch)
     print(f"serving {name!r} ({base}{' + ' + a.adapter if a.adapter else ''}) at http://{HOST}:{a.port}/v1 "
           f"(clients ask for model {name!r})", flush=True)
-    serve_policy(policy, port=a.port, name=name)
+    serve_policy(policy, port=a.port, name=name, max_tokens=a.max_tokens, request_timeout=a.request_timeout)
     return 0
 
 
@@ -302,5 +346,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     sp.add_argument("--name", help="model name clients ask for (default: the adapter folder's name, else --model)")
     sp.add_argument("--tool-prefix", action="store_true", help="force the <tool_call> envelope (tiny models)")
     sp.add_argument("--max-batch", type=int, default=8, help="concurrent requests decoded as one batch")
+    sp.add_argument("--max-tokens", type=int, default=1024,
+                    help="the most new tokens a request gets; asking more is clamped to this (default 1024)")
+    sp.add_argument("--request-timeout", type=float, default=300.0,
+                    help="seconds a generation may take before it is cancelled with a 504 (default 300)")
     sp.set_defaults(fn=cmd_serve)
     return sp

@@ -7,44 +7,52 @@ A worker serves `POST /v1/rollouts` on 127.0.0.1 (`GET /v1/health` for a livenes
 group size, the rollout settings, the tool policy and a policy endpoint come in; it runs
 `gather_rollouts` against its own server, with an `OpenAIPolicy` calling the endpoint back, and
 answers with the groups of `art.Trajectory` (JSON), the same metrics, logprobs and metadata as
-local rollouts. Rewards are scored by the trainer, as for local rollouts. With a token set every
-request needs `Authorization: Bearer <token>` (401 otherwise); a malformed request gets a 4xx with
-a one-line reason that quotes at most a short prefix of the input.
+local rollouts. Rewards are scored by the trainer, as for local rollouts.
+
+What a worker accepts (it runs a stranger's tool calls against the operator's server):
+- a token: every request needs `Authorization: Bearer <token>` (401 otherwise); a worker does not
+  start without one unless `--insecure-no-token` is given, and then says so on stderr;
+- `Content-Type: application/json` POSTs to a loopback Host only (http_checks.LoopbackOnly: a web
+  page in the operator's browser can send neither), bodies up to `max_body_bytes`, read in chunks;
+- the operator's `--tools` / `--deny-tools` / `--allow-side-effects` cap every request's tool policy:
+  a request may narrow it (fewer tools, more denied) and is refused (403, or 409 once the server's
+  tools are known) when it would widen it;
+- a policy `base_url` on this machine (the trainer's endpoint through a tunnel), unless the
+  operator passes `--allow-remote-policy`; the endpoint's answers are never echoed back: a failed
+  call is reported by its HTTP status and exception type only.
+A malformed request gets a 4xx with a one-line reason quoting at most a short prefix of the input.
+SIGTERM (or Ctrl-C) cancels the rollouts in flight after `SHUTDOWN_S` seconds and stops the server
+the worker started; the startup line shows the server spec with its secrets redacted.
 
 The trainer side (`remote_rollouts`, which pipeline.train_step calls when `Config.rollout_workers`
 is set) serves its policy with `serve.openai_app` on 127.0.0.1:`policy_port` for the step, sends
 one request per group, spread over the workers, and sends a group whose worker failed (refused the
-connection, dropped it, timed out, answered 5xx) to another live worker. Each group's result is
-kept once, so a step ends with every group exactly once, or raises when no worker is left. A
-group retried after a worker died mid-rollout runs its tool calls again on the other server: fine
-for the read-only tools rollouts allow by default.
+connection, dropped it, timed out, answered 5xx, or answered something that is not a group of
+trajectories) to another live worker. Each group's result is kept once, so a step ends with every
+group exactly once, or raises when no worker is left. A group retried after a worker died
+mid-rollout runs its tool calls again on the other server: fine for the read-only tools rollouts
+allow by default.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
-import json
 import logging
 import os
 from typing import Any
 
 import art
 import httpx
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
-from .guard import short  # a prefix of what a client sent, never all of it
-from .guard import ToolPolicy, ToolPolicyError
-from .rollout import RolloutConfig, gather_rollouts
+from .guard import ToolPolicy, short
+from .redact import redact
+from .rollout import RolloutConfig
 from .scenarios import Scenario
+from .worker_server import add_worker_parser, cmd_rollout_worker, worker_app  # noqa: F401 - the worker's side
 
 __all__ = ["worker_app", "remote_rollouts", "WorkerPool", "WorkersDown", "add_worker_parser"]
 log = logging.getLogger(__name__)
-MAX_GROUP = 256
 
 
 class WorkersDown(RuntimeError):
@@ -55,87 +63,14 @@ class _WorkerFailed(Exception):
     """This worker cannot be used any more in this call (its groups go elsewhere)."""
 
 
-
-def _bad(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
-
-
-def _parse(data: Any) -> tuple[list[Scenario], int, dict, RolloutConfig]:
-    """The request body as (scenarios, group_size, policy, rollout config); ValueError says what is wrong."""
-    if not isinstance(data, dict):
-        raise ValueError(f"the body must be a JSON object, got {short(data)}")
-    unknown = set(data) - {"scenarios", "group_size", "policy", "rollout", "tool_policy"}
-    if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(short(k) for k in sorted(unknown)[:5])}")
-    scenarios = data.get("scenarios")
-    if not isinstance(scenarios, list) or not scenarios or not all(isinstance(s, dict) for s in scenarios):
-        raise ValueError(f"scenarios must be a non-empty list of scenario objects, got {short(scenarios)}")
-    size = data.get("group_size", 1)
-    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_GROUP:
-        raise ValueError(f"group_size must be an integer 1..{MAX_GROUP}, got {short(size)}")
-    policy = data.get("policy")
-    if not isinstance(policy, dict) or not str(policy.get("base_url", "")).startswith(("http://", "https://")) \
-            or not isinstance(policy.get("model"), str):
-        raise ValueError(f"policy must be {{'base_url': 'http://...', 'model': NAME, 'step': N}}, got {short(policy)}")
-    for key, kind in (("timeout", float), ("step", int)):
-        value = policy.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"policy.{key} must be a number, got {short(value)}")
+def _group(r: httpx.Response) -> art.TrajectoryGroup:
+    """A worker's 200 answer as one group; _WorkerFailed when it is not one (a proxy's HTML page, a
+    different service on that port): the group goes to another worker instead of failing the step."""
     try:
-        parsed = [Scenario(**s) for s in scenarios]
-        tool_policy = ToolPolicy(**(data.get("tool_policy") or {}))
-        rollout = data.get("rollout") or {}
-        if not isinstance(rollout, dict):
-            raise ValueError(f"rollout must be an object of RolloutConfig fields, got {short(rollout)}")
-        cfg = RolloutConfig(**{**rollout, "tool_policy": tool_policy})
-    except TypeError as e:  # an unknown or missing dataclass field
-        raise ValueError(str(e)[:200]) from None
-    return parsed, size, policy, cfg
-
-
-def worker_app(server: Any, *, token: str | None = None, max_body_bytes: int = 16 << 20,
-               audit: str | None = None) -> Starlette:
-    """A Starlette app running rollouts against `server` (a ServerSpec) for remote trainers."""
-    from .audit import log_tool_calls
-    from .connect import describe_spec
-    from .policy import OpenAIPolicy
-
-    def authorised(request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return token is None or hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-    async def health(request: Request) -> JSONResponse:
-        if not authorised(request):
-            return _bad(401, "missing or wrong bearer token (Authorization: Bearer ...); pass the worker's --token")
-        return JSONResponse({"ok": True, "server": describe_spec(server)})
-
-    async def rollouts(request: Request) -> JSONResponse:
-        if not authorised(request):
-            return _bad(401, "missing or wrong bearer token (Authorization: Bearer ...); pass the worker's --token")
-        body = await request.body()
-        if len(body) > max_body_bytes:
-            return _bad(413, f"the body is over {max_body_bytes} bytes; send fewer scenarios per request")
-        try:
-            scenarios, size, p, cfg = _parse(json.loads(body))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _bad(400, f"the body is not valid JSON ({type(e).__name__}): {short(body.decode('utf-8', 'replace'))}")
-        except ValueError as e:  # a Scenario's own check may quote a whole field: cut it
-            return _bad(400, f"invalid rollout request: {short(str(e), 300)}")
-        policy = OpenAIPolicy(p["model"], base_url=p["base_url"], api_key=str(p.get("api_key") or "none"),
-                              timeout=float(p.get("timeout") or cfg.timeout))
-        policy.step = int(p.get("step") or 0)  # trajectories record the trainer's step, as local ones do
-        try:
-            with log_tool_calls(audit, phase="worker") if audit else log_tool_calls(None):
-                groups = await gather_rollouts(policy, server, scenarios, cfg, group_size=size, desc="worker")
-        except ToolPolicyError as e:
-            return _bad(409, f"the server's tools do not fit the tool policy: {str(e)[:300]}")
-        return JSONResponse({"groups": [[t.model_dump(mode="json") for t in g.trajectories] for g in groups]})
-
-    async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        return _bad(404, f"no route {request.url.path[:60]}; a worker has GET /v1/health and POST /v1/rollouts")
-
-    return Starlette(routes=[Route("/v1/health", health), Route("/v1/rollouts", rollouts, methods=["POST"])],
-                     exception_handlers={404: not_found, 405: not_found})
+        (trajs,) = r.json()["groups"]
+        return art.TrajectoryGroup([art.Trajectory.model_validate(t) for t in trajs])
+    except Exception as e:  # noqa: BLE001 - JSONDecodeError, KeyError, TypeError, ValueError, ValidationError
+        raise _WorkerFailed(f"HTTP {r.status_code} but not a group of trajectories ({type(e).__name__})") from None
 
 
 class WorkerPool:
@@ -170,19 +105,19 @@ class WorkerPool:
             try:
                 r = await client.post(f"{url}/v1/rollouts", json=body, headers=headers)
             except httpx.HTTPError as e:  # refused, reset, timed out: the worker is gone for this step
-                raise _WorkerFailed(f"{type(e).__name__}: {str(e)[:200]}") from e
+                raise _WorkerFailed(f"{type(e).__name__}: {redact(str(e)[:200])}") from e
             if r.status_code >= 500:
-                raise _WorkerFailed(f"HTTP {r.status_code}: {r.text[:200]}")
+                raise _WorkerFailed(f"HTTP {r.status_code}: {short(r.text, 200)}")
             if r.status_code >= 400:  # our request or our token is wrong: every worker would say so
-                raise ValueError(f"rollout worker {url} refused the request (HTTP {r.status_code}): {r.text[:300]}")
-            (trajs,) = r.json()["groups"]
-            return art.TrajectoryGroup([art.Trajectory.model_validate(t) for t in trajs])
+                raise ValueError(f"rollout worker {redact(url)} refused the request (HTTP {r.status_code}): "
+                                 f"{short(r.text, 300)}")
+            return _group(r)
 
         async def one(client: httpx.AsyncClient, i: int) -> art.TrajectoryGroup:
             url = alive[i % len(alive)] if alive else None  # round robin first, least loaded after a failure
             while True:
                 if url is None:
-                    raise WorkersDown(f"every rollout worker failed ({'; '.join(f'{u}: {w}' for u, w in failed.items())}); "
+                    raise WorkersDown(f"every rollout worker failed ({'; '.join(f'{redact(u)}: {w}' for u, w in failed.items())}); "
                                       "start them again (python -m mcp_rl rollout-worker) and rerun with --resume")
                 load[url] += 1
                 try:
@@ -194,7 +129,7 @@ class WorkerPool:
                     if url in alive:
                         alive.remove(url)
                         failed[url] = str(e)
-                        log.warning("rollout worker %s failed (%s); its groups go to the others", url, e)
+                        log.warning("rollout worker %s failed (%s); its groups go to the others", redact(url), e)
                     self.stats["retried"] += 1
                 finally:
                     load[url] -= 1
@@ -218,49 +153,12 @@ async def remote_rollouts(policy: Any, scenarios: list[Scenario], cfg: Any, *, g
     name = getattr(policy, "name", None) or "policy"
     pool = WorkerPool(cfg.rollout_workers, token=cfg.worker_token or os.environ.get("MCP_RL_WORKER_TOKEN"),
                       per_worker=max(1, cfg.rollout.concurrency // max(1, group_size)))
-    # The endpoint's default turn length is the rollout's (workers send max_tokens anyway).
-    with ServerThread(openai_app(policy, name=name, default_max_tokens=cfg.rollout.max_tokens), port=port or None) as srv:
+    # The endpoint's default and cap of a turn are the rollout's (workers send max_tokens anyway).
+    app = openai_app(policy, name=name, default_max_tokens=cfg.rollout.max_tokens, max_tokens=cfg.rollout.max_tokens,
+                     request_timeout=cfg.rollout.timeout)
+    with ServerThread(app, port=port or None) as srv:
         spec = {"base_url": srv.base_url, "model": name, "step": int(getattr(policy, "step", 0) or 0),
                 "timeout": cfg.rollout.timeout}
         groups = await pool.gather(scenarios, dataclasses.replace(cfg.rollout, tool_policy=cfg.tool_policy()),
                                    policy=spec, group_size=group_size)
     return groups, pool.stats
-
-
-def cmd_rollout_worker(a: Any) -> int:
-    import contextlib
-
-    import uvicorn
-
-    from .launch import HttpServer, company_server_command
-    from .serve import HOST
-
-    if not 0 < a.port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {a.port}")
-    with contextlib.ExitStack() as stack:
-        server: Any = a.server
-        if a.server == "company":  # our server over HTTP, for as long as the worker runs
-            server = stack.enter_context(HttpServer(company_server_command(), token=a.server_token)).spec
-        elif a.server_token and a.server.startswith("http"):
-            server = {"url": a.server, "token": a.server_token}
-        print(f"rollout worker for {a.server!r} at http://{HOST}:{a.port}/v1/rollouts"
-              f"{' (token required)' if a.token else ''}", flush=True)
-        uvicorn.run(worker_app(server, token=a.token, audit=a.audit), host=HOST, port=a.port, log_level="warning")
-    return 0
-
-
-def add_worker_parser(subparsers: Any) -> Any:
-    """The `rollout-worker` subcommand on cli.main's subparsers."""
-    import os
-
-    sp = subparsers.add_parser("rollout-worker", help="serve rollouts against an MCP server over HTTP on 127.0.0.1",
-                               description="Run rollouts for a remote trainer (train --workers URL,...) next to an "
-                               "MCP server; the trainer's policy endpoint is called back for every turn.")
-    sp.add_argument("--server", required=True, help="'company', a .py file, a shell command, or an http(s) MCP URL")
-    sp.add_argument("--server-token", default=os.environ.get("MCP_RL_TOKEN"), help="bearer token of an HTTP MCP server")
-    sp.add_argument("--port", type=int, required=True, help="port on 127.0.0.1")
-    sp.add_argument("--token", default=os.environ.get("MCP_RL_WORKER_TOKEN"),
-                    help="require this bearer token from trainers (env MCP_RL_WORKER_TOKEN)")
-    sp.add_argument("--audit", help="append every tool call the worker's rollouts make to this JSONL file")
-    sp.set_defaults(fn=cmd_rollout_worker)
-    return sp

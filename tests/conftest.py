@@ -1,8 +1,20 @@
-"""Shared pytest fixtures. ``company_db``: the company database, built once per session;
-``tiny_trainer``: a PortableTrainer factory over a random 2-layer Llama (for plumbing, not learning)."""
+"""Shared pytest fixtures and the session-end process check. ``company_db``: the company database,
+built once per session; ``tiny_trainer``: a PortableTrainer factory over a random 2-layer Llama (for
+plumbing, not learning).
+
+Every process a test starts inherits ``MCP_RL_TEST_SESSION`` (set when the session starts). When the
+session ends, a process still alive with this session's mark fails the run (exit status 1) and is
+stopped: a server (mcp_server.py, a rollout worker, uvicorn, a notebook kernel) still running, or
+any marked process that has lost its parent (an orphan). Linux only (it reads /proc).
+"""
 
 import importlib.util
+import os
+import re
+import signal
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -10,6 +22,67 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # so tests can `import mcp_server` (a top-level script, not a package)
     sys.path.insert(0, str(ROOT))
+
+MARK = "MCP_RL_TEST_SESSION"
+SERVERISH = re.compile(r"mcp_server|mcp_rl|--transport|uvicorn|ipykernel")
+
+
+def pytest_sessionstart(session):
+    os.environ[MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _proc(pid: int) -> tuple[int, str, bytes, str] | None:
+    """(parent pid, state, environment, command line) of a live process; None if gone or unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except (OSError, ValueError):
+        return None
+    return int(fields[1]), fields[0], env, cmd
+
+
+def leaked_processes(mark: str) -> dict[int, str]:
+    """Live processes carrying `mark` that are servers, or orphans (not descendants of this process)."""
+    if not Path("/proc").is_dir():
+        return {}
+    needle = f"\0{MARK}={mark}\0".encode()
+    procs = {int(p.name): _proc(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()}
+    procs = {pid: info for pid, info in procs.items() if info is not None}
+
+    def descends(pid: int) -> bool:
+        seen = set()
+        while pid in procs and pid not in seen:
+            seen.add(pid)
+            pid = procs[pid][0]
+            if pid == os.getpid():
+                return True
+        return False
+
+    return {pid: cmd for pid, (_, state, env, cmd) in procs.items()
+            if pid != os.getpid() and state != "Z" and needle in b"\0" + env + b"\0"
+            and (SERVERISH.search(cmd) or not descends(pid))}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    mark = os.environ.get(MARK)
+    if not mark:
+        return
+    deadline = time.monotonic() + 10  # a server told to stop may still be on its way out
+    while (left := leaked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not left:
+        return
+    lines = "\n".join(f"  pid {pid}: {cmd[:160]}" for pid, cmd in left.items())
+    sys.stderr.write(f"\nERROR: tests left {len(left)} process(es) running (now killed); stop what a test "
+                     f"starts in its fixture's teardown:\n{lines}\n")
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import socket
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -214,7 +215,7 @@ def test_bad_requests_get_a_4xx_with_a_short_clear_message(tiny, body, status, w
 @pytest.mark.parametrize("method,path,status", [("GET", "/chat/completions", 405), ("POST", "/completions", 404),
                                                 ("GET", "/", 404)])
 def test_wrong_routes_get_json_errors(tiny, method, path, status):
-    r = httpx.request(method, tiny.url + path, timeout=30)
+    r = httpx.request(method, tiny.url + path, timeout=30, **({"json": {}} if method == "POST" else {}))
     assert r.status_code == status and r.json()["error"]["message"]
 
 
@@ -348,3 +349,112 @@ def test_tool_choice_none_returns_a_call_as_text(tok):
     assert auto.choices[0].finish_reason == "tool_calls" and auto.choices[0].message.tool_calls
     assert none.choices[0].finish_reason == "stop" and not none.choices[0].message.tool_calls
     assert none.choices[0].message.content == call
+
+
+# ---------------------------------------------------------------- limits: one client cannot hold the others
+
+
+class Babbler:
+    """A tiny Llama that says the same word forever (never end-of-turn): a request runs to its max_tokens."""
+
+    @staticmethod
+    def build(tok):
+        from transformers import LlamaForCausalLM
+
+        word = tok.encode(" a", add_special_tokens=False)[0]
+
+        class Babble(LlamaForCausalLM):
+            def forward(self, input_ids=None, logits_to_keep=1, **_):
+                logits = torch.full((input_ids.shape[0], logits_to_keep, self.config.vocab_size), -1e4)
+                logits[:, -1, word] = 1e4
+                return SimpleNamespace(logits=logits)
+
+        return Babble(tiny_config(tok)).eval()
+
+
+def test_max_tokens_over_the_servers_cap_is_clamped(tok):
+    """max_tokens: 1e9 held every other client for minutes (issue "hardening"): it is cut to the cap."""
+    policy = LocalPolicy(Babbler.build(tok), tok, name="babble")
+    with ServerThread(openai_app(policy, max_tokens=5)) as server:
+        r = httpx.post(f"{server.base_url}/chat/completions", timeout=60,
+                       json={"model": "babble", "messages": HI, "max_tokens": 1e9})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 5 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_client_that_goes_away_stops_its_generation(tok):
+    """Generation went on after the client disconnected: the row is now dropped from the decode."""
+    policy = LocalPolicy(Babbler.build(tok), tok, name="babble", max_context=100_000)
+    with ServerThread(openai_app(policy, max_tokens=50_000)) as server:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+            httpx.post(f"{server.base_url}/chat/completions", timeout=httpx.Timeout(60, read=1.5),
+                       json={"model": "babble", "messages": HI, "max_tokens": 50_000, "temperature": 0})
+        deadline = time.monotonic() + 30
+        while policy.generate_calls == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert policy.generate_calls == 1, "the decode was still running 30 s after the client left"
+    assert policy.decode_stats["decode_steps"] < 50_000
+
+
+def test_a_generation_past_the_time_budget_is_a_504(tok):
+    class Slow:
+        name, tokenizer = "slow", None
+
+        async def complete(self, messages, tools, **kw):
+            await asyncio.sleep(30)
+
+    with ServerThread(openai_app(Slow(), request_timeout=0.5)) as server:
+        start = time.monotonic()
+        r = httpx.post(f"{server.base_url}/chat/completions", json={"model": "slow", "messages": HI}, timeout=60)
+    assert r.status_code == 504 and "request-timeout" in r.json()["error"]["message"]
+    assert time.monotonic() - start < 10
+
+
+def test_prompts_are_tokenised_off_the_event_loop(tiny, monkeypatch):
+    """A 3.9 MB prompt was tokenised on the event loop: /v1/models waited 2.5 s behind it."""
+    import threading
+
+    import mcp_rl.local_policy as lp
+    import mcp_rl.serve as serve
+
+    threads = []
+
+    def recording(real):
+        def wrapped(*a, **k):
+            threads.append(threading.current_thread().name)
+            return real(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(lp, "prompt_ids", recording(lp.prompt_ids))
+    monkeypatch.setattr(serve, "_usage", recording(serve._usage))
+    tiny.client.chat.completions.create(model="tiny", messages=HI, max_tokens=2)
+    # The event loop runs on the server's thread (mcp-rl-serve-PORT); the work went to other threads.
+    assert len(threads) == 2 and not any(t.startswith("mcp-rl-serve-") for t in threads), threads
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000,
+                                  json.dumps({**GOOD, "messages": [{"role": "user", "content": [
+                                      {"type": "text", "text": "x", "deep": json.loads("[" * 900 + "]" * 900)}]}]}).encode()],
+                         ids=["100k", "900"])
+def test_deeply_nested_json_is_a_400(tiny, body):
+    r = httpx.post(f"{tiny.url}/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "nests deeper" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("headers, status", [({"content-type": "text/plain"}, 415),
+                                             ({"content-type": "application/x-www-form-urlencoded"}, 415),
+                                             ({"content-type": "application/json", "host": "evil.test"}, 403),
+                                             ({"content-type": "application/json", "host": "localhost:1"}, 200)])
+def test_only_json_posts_to_a_loopback_host_are_served(tiny, headers, status):
+    """A web page may POST text/plain to 127.0.0.1 cross-site, or reach it under its own host name."""
+    r = httpx.post(f"{tiny.url}/chat/completions", content=json.dumps(GOOD).encode(), headers=headers, timeout=30)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["message"] if status != 200 else r.json()["choices"]
+
+
+def test_serve_flags_set_the_limits():
+    sub = argparse.ArgumentParser().add_subparsers(dest="cmd")
+    add_serve_parser(sub)
+    a = sub.choices["serve"].parse_args(["--max-tokens", "64", "--request-timeout", "30"])
+    assert (a.max_tokens, a.request_timeout) == (64, 30.0)
+    assert sub.choices["serve"].parse_args([]).max_tokens == 1024

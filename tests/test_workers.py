@@ -1,9 +1,10 @@
-"""Tests for mcp_rl/workers.py: rollout workers over loopback HTTP, their 4xx answers, and a step that
-survives a worker killed mid-rollout.
+"""Tests for mcp_rl/workers.py and worker_server.py: rollout workers over loopback HTTP, their 4xx
+answers, a step that survives a worker killed mid-rollout, and what a worker refuses (hardening).
 
-Each worker is a real `python -m mcp_rl rollout-worker --server company` process (the company server
-over HTTP beside it); the policy is a scripted one served by `remote_rollouts` itself through
-serve.openai_app, so a test takes seconds. Run: pytest tests/test_workers.py
+Most workers are real `python -m mcp_rl rollout-worker --server company` processes (the company
+server over HTTP beside it); the hardening tests run worker_app in-process (uvicorn in a thread) over
+an in-process FastMCP server with a side-effect tool. The policy is a scripted one served on
+loopback through serve.openai_app, so a test takes seconds. Run: pytest tests/test_workers.py
 """
 
 import asyncio
@@ -120,7 +121,8 @@ GOOD = {"scenarios": [{"id": "a", "task": "t"}], "group_size": 1,
 def test_bad_requests_get_a_short_4xx(workers, body, status, says):
     _, url = workers[0]
     kw = {"content": body} if isinstance(body, bytes) else {"json": body}
-    r = httpx.post(f"{url}/v1/rollouts", headers={"Authorization": f"Bearer {TOKEN}"}, **kw)
+    r = httpx.post(f"{url}/v1/rollouts", headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+                   **kw)
     assert r.status_code == status and says in r.json()["error"]
     assert len(r.text) < 500  # quotes a prefix of the input at most
 
@@ -210,3 +212,281 @@ async def test_remote_trajectories_of_a_local_model_are_trainable(workers):
     choice = next(m for m in groups[0].trajectories[0].messages_and_choices if not isinstance(m, dict))
     assert choice.logprobs.content[0].token.startswith("token_id:")  # what the trainer needs, over the wire
     assert (await trainer.train(groups))["updated"] == 1.0
+
+
+# ---------------------------------------------------------------- hardening: what a worker accepts
+# In-process workers (uvicorn in a thread) over an in-process FastMCP server with one read-only tool
+# and one with side effects; the scripted policy is served on loopback by serve.openai_app.
+
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+from mcp_rl.guard import ToolPolicy  # noqa: E402
+from mcp_rl.serve import ServerThread, openai_app  # noqa: E402
+from mcp_rl.workers import worker_app  # noqa: E402
+
+
+def effects_server(launched):
+    import fastmcp
+
+    mcp = fastmcp.FastMCP("effects")
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    def look() -> str:
+        """Look around."""
+        return "nothing to see"
+
+    @mcp.tool
+    def launch(target: str) -> str:
+        """Launch something (a side effect)."""
+        launched.append(target)
+        return "launched"
+
+    return mcp
+
+
+class CallThen:
+    """Calls `tool` once, then completes."""
+
+    name, tokenizer, step = "scripted", None, 0
+
+    def __init__(self, tool, args):
+        self.tool, self.args = tool, args
+
+    async def complete(self, messages, tools, **kw):
+        if not any(m["role"] == "tool" for m in messages):
+            return choice_from_text(tool_call_text(self.tool, self.args))
+        return choice_from_text(tool_call_text("complete_task", {"answer": "done"}))
+
+
+def post(url, body, token=TOKEN, **headers):
+    return httpx.post(f"{url}/v1/rollouts", json=body, timeout=60,
+                      headers={**({"Authorization": f"Bearer {token}"} if token else {}), **headers})
+
+
+@pytest.fixture
+def fx():
+    """A worker over the effects server (operator caps from the test) and a policy that calls `launch`."""
+    launched, started = [], []
+
+    def make(policy=None, **worker_kw):
+        endpoint = ServerThread(openai_app(policy or CallThen("launch", {"target": "moon"}))).start()
+        worker = ServerThread(worker_app(effects_server(launched), **{"token": TOKEN, **worker_kw})).start()
+        started.extend([endpoint, worker])
+        body = {"scenarios": [{"id": "s1", "task": "go"}], "group_size": 1,
+                "policy": {"base_url": endpoint.base_url, "model": "scripted"}, "rollout": {"max_turns": 3},
+                "tool_policy": {"allow": ["look"]}}
+        return worker.base_url.removesuffix("/v1"), body
+
+    yield make, launched
+    for server in started:
+        server.stop()
+
+
+@pytest.mark.parametrize("operator, asked, status, ran", [
+    ({}, {"allow_side_effects": True}, 403, False),                      # a request turned side effects on
+    ({}, {"allow": ["launch"]}, 409, False),                             # ... or named a side-effect tool
+    ({"tools": ToolPolicy(allow=["look"])}, {"allow": ["look", "launch"]}, 403, False),
+    ({"tools": ToolPolicy(deny=["launch"], allow_side_effects=True)}, {"allow_side_effects": True}, 200, False),
+    ({"tools": ToolPolicy(allow_side_effects=True)}, {"allow_side_effects": True}, 200, True),  # the operator's call
+])
+def test_the_operators_tool_flags_cap_what_a_request_may_ask(fx, operator, asked, status, ran):
+    make, launched = fx
+    url, body = make(**operator)
+    r = post(url, {**body, "tool_policy": asked})
+    assert r.status_code == status, r.text
+    assert launched == (["moon"] if ran else [])  # a refused request ran no tool
+    if status == 200 and not ran:  # denied by the operator: the call was refused as an unknown tool
+        (traj,) = r.json()["groups"][0]
+        assert traj["metrics"]["unknown_tools"] == 1
+
+
+def test_a_worker_does_not_start_without_a_token():
+    with pytest.raises(ValueError, match="needs a token"):
+        worker_app("company")
+    env = {k: v for k, v in os.environ.items() if k != "MCP_RL_WORKER_TOKEN"}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "mcp_rl", "rollout-worker", "--server", "company", "--port",
+                           str(free_port())], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a token" in done.stderr and "--insecure-no-token" in done.stderr
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("headers, status", [
+    ({"Content-Type": "text/plain"}, 415),  # what a web page may POST cross-site without a preflight
+    ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+    ({"Content-Type": "application/json", "Host": "evil.test:80"}, 403),  # DNS rebinding
+])
+def test_a_browser_page_cannot_drive_a_tokenless_worker(fx, headers, status):
+    make, launched = fx
+    url, body = make(token=None, insecure_no_token=True, tools=ToolPolicy(allow_side_effects=True))
+    r = httpx.post(f"{url}/v1/rollouts", content=json.dumps(body).encode(), headers=headers, timeout=60)
+    assert r.status_code == status and r.json()["error"] and launched == []
+
+
+def test_the_policy_url_must_be_on_this_machine(fx):
+    make, launched = fx
+    url, body = make()
+    far = {**body, "policy": {**body["policy"], "base_url": "http://10.11.12.13:8000/v1?key=abc"}}
+    r = post(url, far)
+    assert r.status_code == 403 and "--allow-remote-policy" in r.json()["error"] and "abc" not in r.text
+    from mcp_rl.worker_server import _parse
+
+    assert _parse(far, ToolPolicy(), True)[2]["base_url"].startswith("http://10.11")  # the operator may allow it
+
+
+def test_an_endpoints_answer_is_not_echoed_back(fx):
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def forbidden(request):
+        return PlainTextResponse("INTERNAL-ADMIN-PAGE " * 30, status_code=403)
+
+    internal = ServerThread(Starlette(routes=[Route("/v1/chat/completions", forbidden, methods=["POST"])])).start()
+    try:
+        make, _ = fx
+        url, body = make()
+        r = post(url, {**body, "policy": {**body["policy"], "base_url": internal.base_url}})
+    finally:
+        internal.stop()
+    (traj,) = r.json()["groups"][0]
+    assert traj["metrics"]["fatal"] and "HTTP 403" in traj["metadata"]["fatal_reason"]
+    assert "INTERNAL-ADMIN-PAGE" not in r.text
+
+
+def test_a_body_over_the_cap_is_refused_before_it_is_read(fx):
+    make, _ = fx
+    url, _ = make(max_body_bytes=1000)
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"POST /v1/rollouts HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                  f"Authorization: Bearer {TOKEN}\r\nContent-Length: 40000000\r\n\r\n{{".encode())
+        reply = b""
+        while b"bytes;" not in reply:  # the old worker waited for all 40 MB here (the recv timed out)
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+        reply = reply.decode()
+    assert reply.startswith("HTTP/1.1 413") and "over 1000 bytes" in reply
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"scenarios": ' + b"[" * 900 + b"]" * 900 + b"}"])
+def test_deeply_nested_json_is_a_400(fx, body):
+    make, _ = fx
+    url, _ = make()
+    r = httpx.post(f"{url}/v1/rollouts", content=body, timeout=60,
+                   headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "nests deeper" in r.json()["error"]
+
+
+def test_a_long_scenario_id_is_cut_in_the_audit_log(fx, tmp_path):
+    from mcp_rl.audit import read_tool_calls
+
+    make, _ = fx
+    url, body = make(policy=CallThen("look", {}), audit=str(tmp_path / "calls.jsonl"))
+    r = post(url, {**body, "scenarios": [{"id": "x" * 1_000_000, "task": "go"}]})
+    assert r.status_code == 200, r.text[:300]
+    (row,) = read_tool_calls(tmp_path / "calls.jsonl")
+    assert row["tool"] == "look" and len(row["scenario"]) <= 200
+
+
+def test_a_worker_answering_html_is_failed_over(fx):
+    """A 200 with an HTML page (a proxy's login page) failed the whole step with JSONDecodeError."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    async def page(request):
+        return HTMLResponse("<html>please log in</html>")
+
+    make, _ = fx
+    url, body = make(policy=CallThen("look", {}))
+    html = ServerThread(Starlette(routes=[Route("/v1/rollouts", page, methods=["POST"])])).start()
+    html_url = html.base_url.removesuffix("/v1")
+    try:
+        pool = WorkerPool([html_url, url], token=TOKEN)
+        cfg = config([html_url, url]).rollout
+        cfg = dataclasses.replace(cfg, tool_policy=ToolPolicy(allow=["look"]))
+        groups = asyncio.run(pool.gather(SCENARIOS[:2], cfg, policy=body["policy"], group_size=1))
+    finally:
+        html.stop()
+    assert len(groups) == 2 and list(pool.stats["failed_workers"]) == [html_url]
+    assert "not a group of trajectories" in pool.stats["failed_workers"][html_url]
+
+
+def children(pid):
+    """Live child pids of `pid` (from /proc)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                stat = (p / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(p.name))
+    return out
+
+
+def alive(pid):
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_ends_rollouts_in_flight_and_stops_the_workers_server():
+    """SIGTERM left the worker running until the request's own rollout timeout, and then its
+    mcp_server.py child orphaned."""
+    started = threading.Event()
+
+    class Stuck:
+        name, tokenizer, step = "scripted", None, 0
+
+        async def complete(self, messages, tools, **kw):
+            started.set()
+            await asyncio.sleep(600)
+
+    endpoint = ServerThread(openai_app(Stuck())).start()
+    proc, url = start_worker()
+    try:
+        servers = children(proc.pid)
+        assert servers, "the worker should have started the company server"
+        body = {"scenarios": [{"id": "s", "task": "t"}], "group_size": 1, "rollout": {"timeout": 600},
+                "policy": {"base_url": endpoint.base_url, "model": "scripted", "timeout": 600}}
+        threading.Thread(target=lambda: httpx.post(f"{url}/v1/rollouts", json=body, timeout=700,
+                                                   headers={"Authorization": f"Bearer {TOKEN}"}),
+                         daemon=True).start()
+        assert started.wait(60), "the rollout never reached the policy"
+        proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        proc.wait(timeout=30)
+        assert time.monotonic() - start < 20
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in servers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in servers), "the worker's MCP server outlived it"
+    finally:
+        stop(proc)
+        endpoint.stop()
+
+
+def test_the_startup_line_hides_the_servers_secrets():
+    port = free_port()
+    spec = "http://bob:hunter2@127.0.0.1:9/mcp?api_key=abc123"
+    proc = subprocess.Popen([sys.executable, "-m", "mcp_rl", "rollout-worker", "--server", spec, "--port", str(port),
+                             "--token", TOKEN], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "rollout worker for" in line and "bob:***@127.0.0.1" in line
+    assert "hunter2" not in line and "abc123" not in line
