@@ -11,7 +11,7 @@ only differences are the settings under test. Modes:
        came for GAP seconds; a finished row is answered at once, so its rollout calls its tool during
        the decode's tail), packed GQA decode attention (decoder.packed_gqa_sdpa), trainer
        micro-batches packed to MICRO_BATCH_TOKENS padded tokens; with --packed (issue [speed]) the packed
-       update instead (mcp_rl/packing.py: no padding, MICRO_BATCH_TOKENS real tokens a micro-batch, the LM
+       update instead (mcp_rl/packing.py: sequences end to end in rows of MICRO_BATCH_TOKENS at most, the LM
        head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA)
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
@@ -122,6 +122,9 @@ async def bench(args) -> list[dict]:
                     row["update_seconds"] = round(row["seconds"] - row["rollout_seconds"], 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                    if args.out:  # row by row: a call cut off by its time limit keeps the steps done
+                        with Path(args.out).with_suffix(".jsonl").open("a") as f:
+                            f.write(json.dumps(row) + "\n")
                 if args.advance:
                     trainer.save(start)
     return rows
@@ -162,13 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch-tokens", type=int, default=65536, help="new mode: padded tokens per micro-batch")
     ap.add_argument("--greedy-scenarios", type=int, default=32, help="held-out scenarios in the greedy check (0: none)")
     ap.add_argument("--packed", action="store_true", help="new mode: the packed update (no padding; "
-                    "--micro-batch-tokens counts real tokens)")
+                    "--micro-batch-tokens bounds its packed rows)")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
     ap.add_argument("--shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--out", default=None, help="write the table here (and the rows beside it as .jsonl)")
     args = ap.parse_args(argv)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).with_suffix(".jsonl").write_text("")
     rows = asyncio.run(bench(args))
     text = table(rows)
     print(text, flush=True)
@@ -176,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
-        out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
 
 

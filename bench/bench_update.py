@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mean-len", type=int, default=1250)
     ap.add_argument("--longest", type=int, default=8078)
     ap.add_argument("--old-micro-batch", type=int, default=8, help="old: sequences a micro-batch (pre-registered 8)")
-    ap.add_argument("--budget", type=int, default=16384, help="new: real tokens a packed micro-batch")
+    ap.add_argument("--budget", type=int, default=16384, help="new: tokens of a micro-batch's packed rows")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None, help="rows as JSONL")
     args = ap.parse_args(argv)

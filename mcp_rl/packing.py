@@ -1,6 +1,6 @@
 """The GRPO update's packed path: sequences laid end to end (no padding), log-probs only where trained.
 
-    batches = token_batches(seqs, budget=16384)              # length-sorted, each <= budget real tokens
+    batches = token_batches(seqs, budget=16384)              # length-sorted, packed rows <= budget tokens
     new, old, mask = packed_logprobs(backbone, head, batch, device=..., autocast=...)   # each [B, K]
 
 Why: the padded path (train.py `_logprobs`) runs every micro-batch at its longest sequence's length, so one
@@ -30,17 +30,20 @@ log = logging.getLogger(__name__)
 
 
 def token_batches(seqs: list[dict], budget: int) -> list[list[dict]]:
-    """Consecutive runs of length-sorted `seqs` holding at most `budget` real tokens (a longer one alone)."""
+    """Consecutive runs of length-sorted `seqs` whose packed rows (`padded_size`: rows x the longest) hold at
+    most `budget` tokens, padding tails included, so the budget bounds the activations; a longer one alone."""
     batches: list[list[dict]] = [[]]
-    total = 0
     for s in seqs:
-        n = len(s["ids"])
-        if batches[-1] and total + n > budget:
+        if batches[-1] and padded_size(batches[-1] + [s]) > budget:
             batches.append([])
-            total = 0
         batches[-1].append(s)
-        total += n
     return [b for b in batches if b]
+
+
+def padded_size(batch: list[dict]) -> int:
+    """Input positions the packed rows of `batch` take, padding tails included."""
+    lengths = [len(s["ids"]) - 1 for s in batch]
+    return len(rows_of(lengths, max(lengths))) * max(lengths)
 
 
 def rows_of(lengths: list[int], row_len: int) -> list[list[int]]:
@@ -176,5 +179,4 @@ def packing_works(backbone: Any) -> bool:
 
 def padding_of(batch: list[dict]) -> int:
     """Padding tokens of a packed micro-batch: the tails of its rows."""
-    lengths = [len(s["ids"]) - 1 for s in batch]
-    return len(rows_of(lengths, max(lengths))) * max(lengths) - sum(lengths)
+    return padded_size(batch) - sum(len(s["ids"]) - 1 for s in batch)

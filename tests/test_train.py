@@ -540,8 +540,10 @@ def test_a_packed_step_equals_the_padded_step_and_counts_its_padding(tiny_policy
         torch.testing.assert_close(w1[n], w2[n], rtol=1e-4, atol=1e-6)
     assert rows_of([3, 5, 2, 4], 6) == [[1], [3, 2], [0]]
     assert padding_of([{"ids": [0] * 4}, {"ids": [0] * 6}, {"ids": [0] * 3}]) == 2 * 5 - 10
-    seqs = [{"ids": [0] * n} for n in (10, 20, 30, 40, 50)]
-    assert [[len(s["ids"]) for s in b] for b in token_batches(seqs, 60)] == [[10, 20, 30], [40], [50]]
+    seqs = [{"ids": [0] * n} for n in (11, 21, 31, 41, 51)]  # 10-50 input positions
+    # [10, 20, 30] packs into rows [30], [20, 10]: 60 positions; adding 40 would take 3 rows of 40
+    assert [[len(s["ids"]) - 1 for s in b] for b in token_batches(seqs, 60)] == [[10, 20, 30], [40], [50]]
+    assert [[len(s["ids"]) - 1 for s in b] for b in token_batches(seqs, 120)] == [[10, 20, 30, 40], [50]]
 
 
 def test_an_attention_that_ignores_packed_positions_keeps_the_padded_path(tiny_policy, monkeypatch):
