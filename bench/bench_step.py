@@ -114,7 +114,7 @@ async def bench(args) -> list[dict]:
                            # the trainer's own seconds (tokenize + forward/backward + optimizer): tokens / tokens_per_s
                            "train_seconds": round(rec["num_tokens"] / rec["tokens_per_s"], 2)
                            if rec.get("tokens_per_s") else None, "max_seq_tokens": rec.get("max_seq_tokens"),
-                           "max_padding": rec.get("max_padding"), "device": torch.cuda.get_device_name(0)
+                           "max_padding": rec.get("max_padding"), "tokenize_seconds": rec.get("tokenize_seconds"), "device": torch.cuda.get_device_name(0)
                            if torch.cuda.is_available() else "cpu",
                            # GPU peaks (train.gpu_peaks): the rollouts' (after trainer.load) and the update's
                            "peak_rollout_gib": rec.get("gpu_peak_gib_before_update"),
@@ -146,7 +146,7 @@ def table(rows: list[dict]) -> str:
     if steps["old"] and steps["new"]:
         lines += ["", f"mean step: old {sum(steps['old']) / len(steps['old']):.1f} s, new "
                   f"{sum(steps['new']) / len(steps['new']):.1f} s, speedup "
-                  f"{sum(steps['old']) / max(sum(steps['new']), 1e-9):.2f}x"]
+                  f"{(sum(steps['old']) / len(steps['old'])) / max(sum(steps['new']) / len(steps['new']), 1e-9):.2f}x"]
         upd = {m: [r["train_seconds"] for r in rows if r.get("mode") == m and r.get("train_seconds")] for m in steps}
         peak = {m: max([r["peak_update_gib"] or 0 for r in rows if r.get("mode") == m], default=0) for m in steps}
         if upd["old"] and upd["new"]:

@@ -288,15 +288,18 @@ class PortableTrainer(WarmStart, Checkpoints):
             log.info("skipped %d of %d groups with zero reward variance (no advantage to learn from)",
                      zero_var, len(groups))
         with self._lock, gpu_peaks(self.device) as peaks:
+            t_tok = time.perf_counter()
             with art_tokenizing():
                 results = list(tokenize_trajectory_groups(self.tokenizer, kept, allow_training_without_logprobs=False,
                                                           scale_rewards=(self.loss == "grpo")))
+            t_tok = time.perf_counter() - t_tok  # CPU time outside the GPU's forward/backward (issue [speed])
             seqs, too_long = self._keep_fitting([self._sequence(r) for r in results])
             metrics = {"loss": 0.0, "num_sequences": float(len(seqs)), "num_tokens": 0.0, "grad_norm": 0.0,
                        "skipped_groups": float(zero_var), "skipped_too_long": float(too_long), "updated": 0.0,
                        # the step's longest sequence and widest micro-batch (its longest minus its shortest):
                        # what sets the update's peak memory, and how far padding ran past a sequence's end
-                       "max_seq_tokens": float(max((len(s["ids"]) for s in seqs), default=0)), "max_padding": 0.0}
+                       "max_seq_tokens": float(max((len(s["ids"]) for s in seqs), default=0)), "max_padding": 0.0,
+                       "tokenize_seconds": t_tok}
             gap = [0.0, 0.0, 0.0]  # off_policy_stats summed over micro-batches (and ranks)
             if seqs:
                 constant = self.max_seq_len * len(seqs) if self.loss == "dr_grpo" else len(seqs)
