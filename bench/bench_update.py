@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     trainers = {}
     for mode in ("old", "new"):
         torch.manual_seed(1)  # the same LoRA initialisation
-        policy = types.SimpleNamespace(model=copy.deepcopy(base), tokenizer=types.SimpleNamespace(pad_token_id=0), step=0)
+        tok = types.SimpleNamespace(pad_token_id=0)  # no text: the sequences are token ids already
+        policy = types.SimpleNamespace(model=copy.deepcopy(base), tokenizer=tok, step=0)
         trainers[mode] = PortableTrainer(
             policy, learning_rate=2e-4, lora_r=16, lora_alpha=32, max_seq_len=8192, precision="auto",
             micro_batch_size=args.old_micro_batch, micro_batch_tokens=args.budget if mode == "new" else 0,

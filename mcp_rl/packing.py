@@ -127,7 +127,7 @@ def packed_inputs(batch: list[dict], pad: int) -> tuple[torch.Tensor, ...]:
 
 
 def packed_logprobs(backbone: Any, head: Any, batch: list[dict], *, device: torch.device, autocast: Any,
-                    dtype: torch.dtype | None, pad: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    dtype: torch.dtype | None, pad: int, fused: bool) -> tuple[torch.Tensor, ...]:
     """(new_logprobs, old_logprobs, mask), each [B, K]: column j is the sequence's token j + 1."""
     ids, pos, src, targets, dst, width = packed_inputs(batch, pad)
     with autocast():
@@ -165,7 +165,8 @@ def packing_works(backbone: Any) -> bool:
             pos = torch.cat([torch.arange(len(a)), torch.arange(len(b))]).to(param.device)
             packed = backbone(input_ids=torch.cat([a, b])[None], position_ids=pos[None],
                               use_cache=False).last_hidden_state[0].float()
-            alone = torch.cat([backbone(input_ids=x[None], use_cache=False).last_hidden_state[0] for x in (a, b)]).float()
+            alone = torch.cat([backbone(input_ids=x[None], use_cache=False).last_hidden_state[0]
+                               for x in (a, b)]).float()
     except Exception as e:  # noqa: BLE001
         log.warning("packed sequences cannot run here (%s): the update keeps padded micro-batches", e)
         return False

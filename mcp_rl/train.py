@@ -150,8 +150,8 @@ class PortableTrainer(WarmStart, Checkpoints):
     @property
     def packed(self) -> bool:
         """Packed micro-batches (mcp_rl/packing.py): sequences end to end, `micro_batch_tokens` bounds the packed
-        rows, the LM head only on trained positions (Liger's fused kernel on CUDA). Needs a model whose logits are its head's
-        (`_split`) and an attention that reads packed position_ids; otherwise the padded path stays."""
+        rows, the LM head only on trained positions (Liger's fused kernel on CUDA). Needs a model whose logits are
+        its head's (`_split`) and an attention that reads packed position_ids; otherwise the padded path stays."""
         return self._packed
 
     @packed.setter
