@@ -10,7 +10,9 @@ only differences are the settings under test. Modes:
   new  LocalPolicy(batch_wait_s=WAIT, batch_gap_s=GAP, hand_back=True) (a batch closes once no request
        came for GAP seconds; a finished row is answered at once, so its rollout calls its tool during
        the decode's tail), packed GQA decode attention (decoder.packed_gqa_sdpa), trainer
-       micro-batches packed to MICRO_BATCH_TOKENS padded tokens
+       micro-batches packed to MICRO_BATCH_TOKENS padded tokens; with --packed (issue [speed]) the packed
+       update instead (mcp_rl/packing.py: sequences end to end in rows of MICRO_BATCH_TOKENS at most, the LM
+       head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA)
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
 scenarios in both modes from the same weights and counts rollouts whose tokens are identical
@@ -18,6 +20,8 @@ scenarios in both modes from the same weights and counts rollouts whose tokens a
 batches, so their tokens are not compared).
 
     python bench/bench_step.py --config bench/learning/smollm2.yaml --steps 3 --out bench/results/step_bench.txt
+    python bench/bench_step.py --packed --micro-batch-tokens 16384 --greedy-scenarios 0 --steps 8 \
+        --out bench/results/step_bench_smollm2_h100.txt
     python bench/bench_step.py --random-weights TOKENIZER_DIR --shape tiny --steps 1 \
         --set rollout.concurrency=8 train.groups_per_step=2 train.group_size=2 rollout.max_tokens=16   # CPU check
 """
@@ -48,6 +52,9 @@ def set_mode(trainer, mode: dict) -> None:
 
     trainer.policy.batch_wait_s, trainer.policy.batch_gap_s = mode["batch_wait_s"], mode["batch_gap_s"]
     trainer.micro_batch_tokens, trainer.policy.hand_back = mode["micro_batch_tokens"], mode["hand_back"]
+    trainer.packed = mode.get("packed", False)
+    if trainer.packed != mode.get("packed", False):
+        raise SystemExit("--packed: this model or attention cannot run packed sequences (see the warning above)")
     AttentionInterface.register("sdpa", attention("packed" if mode["packed_gqa"] else "repeat"))
 
 
@@ -68,9 +75,9 @@ async def bench(args) -> list[dict]:
     trainer = learning_proof.build_trainer(cfg, max_batch=cfg.rollout.concurrency, batch_wait_s=0.3,
                                            random_weights=args.random_weights, shape=args.shape)
     modes = {"old": {"batch_wait_s": 0.3, "batch_gap_s": None, "micro_batch_tokens": 0, "hand_back": False,
-                     "packed_gqa": False},
+                     "packed_gqa": False, "packed": False},
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
-                     "hand_back": True, "packed_gqa": True}}
+                     "hand_back": True, "packed_gqa": True, "packed": args.packed}}
     rows: list[dict] = []
     async with parts.open_server(cfg) as server:
         with tempfile.TemporaryDirectory() as tmp:
@@ -104,12 +111,20 @@ async def bench(args) -> list[dict]:
                            "rollout_seconds": rec["rollout_seconds"],
                            "generate_calls": trainer.policy.generate_calls - calls,
                            "num_tokens": rec.get("num_tokens"), "tokens_per_s": rec.get("tokens_per_s"), "success_rate": rec["success_rate"],
+                           # the trainer's own seconds (tokenize + forward/backward + optimizer): tokens / tokens_per_s
+                           "train_seconds": round(rec["num_tokens"] / rec["tokens_per_s"], 2)
+                           if rec.get("tokens_per_s") else None, "max_seq_tokens": rec.get("max_seq_tokens"),
+                           "max_padding": rec.get("max_padding"), "tokenize_seconds": rec.get("tokenize_seconds"), "device": torch.cuda.get_device_name(0)
+                           if torch.cuda.is_available() else "cpu",
                            # GPU peaks (train.gpu_peaks): the rollouts' (after trainer.load) and the update's
                            "peak_rollout_gib": rec.get("gpu_peak_gib_before_update"),
                            "peak_update_gib": rec.get("gpu_peak_gib_update")}
                     row["update_seconds"] = round(row["seconds"] - row["rollout_seconds"], 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                    if args.out:  # row by row: a call cut off by its time limit keeps the steps done
+                        with Path(args.out).with_suffix(".jsonl").open("a") as f:
+                            f.write(json.dumps(row) + "\n")
                 if args.advance:
                     trainer.save(start)
     return rows
@@ -117,19 +132,26 @@ async def bench(args) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     gib = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731  (no GPU: no peaks)
-    lines = ["| step | mode | step s | rollouts s | rewards + update s | decodes | trained tokens | update tok/s | "
-             "peak GiB rollouts / update |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| step | mode | step s | rollouts s | rewards + update s | update s | decodes | trained tokens | "
+             "update tok/s | longest seq | padding | peak GiB rollouts / update |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "mode" in r:
             lines.append(f"| {r['step']} | {r['mode']} | {r['seconds']:.1f} | {r['rollout_seconds']:.1f} | "
-                         f"{r['update_seconds']:.1f} | {r['generate_calls']} | {r.get('num_tokens') or 0:.0f} | "
-                         f"{r.get('tokens_per_s') or 0:.0f} | {gib(r.get('peak_rollout_gib'))} / "
+                         f"{r['update_seconds']:.1f} | {r.get('train_seconds') or 0:.1f} | {r['generate_calls']} | "
+                         f"{r.get('num_tokens') or 0:.0f} | {r.get('tokens_per_s') or 0:.0f} | "
+                         f"{r.get('max_seq_tokens') or 0:.0f} | {r.get('max_padding') or 0:.0f} | {gib(r.get('peak_rollout_gib'))} / "
                          f"{gib(r.get('peak_update_gib'))} |")
     steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in ("old", "new")}
     if steps["old"] and steps["new"]:
         lines += ["", f"mean step: old {sum(steps['old']) / len(steps['old']):.1f} s, new "
                   f"{sum(steps['new']) / len(steps['new']):.1f} s, speedup "
-                  f"{sum(steps['old']) / max(sum(steps['new']), 1e-9):.2f}x"]
+                  f"{(sum(steps['old']) / len(steps['old'])) / max(sum(steps['new']) / len(steps['new']), 1e-9):.2f}x"]
+        upd = {m: [r["train_seconds"] for r in rows if r.get("mode") == m and r.get("train_seconds")] for m in steps}
+        peak = {m: max([r["peak_update_gib"] or 0 for r in rows if r.get("mode") == m], default=0) for m in steps}
+        if upd["old"] and upd["new"]:
+            lines += [f"mean update: old {sum(upd['old']) / len(upd['old']):.1f} s, new {sum(upd['new']) / len(upd['new']):.1f}"
+                      f" s; update peak: old {peak['old']:.1f} GiB, new {peak['new']:.1f} GiB"]
     lines += [f"{r['check']}: {r['same']}/{r['of']}" for r in rows if "check" in r]
     return "\n".join(lines)
 
@@ -142,12 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, default=0.1, help="new mode: close the batch after this long without a request")
     ap.add_argument("--micro-batch-tokens", type=int, default=65536, help="new mode: padded tokens per micro-batch")
     ap.add_argument("--greedy-scenarios", type=int, default=32, help="held-out scenarios in the greedy check (0: none)")
+    ap.add_argument("--packed", action="store_true", help="new mode: the packed update (no padding; "
+                    "--micro-batch-tokens bounds its packed rows)")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
     ap.add_argument("--shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--out", default=None, help="write the table here (and the rows beside it as .jsonl)")
     args = ap.parse_args(argv)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).with_suffix(".jsonl").write_text("")
     rows = asyncio.run(bench(args))
     text = table(rows)
     print(text, flush=True)
@@ -155,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
-        out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
 
 

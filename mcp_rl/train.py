@@ -41,6 +41,7 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 from . import distributed
 from .chat_templates import art_tokenizer, art_tokenizing
 from .checkpoint import Checkpoints
+from . import packing
 from .loss import LOSSES, _backbone_and_head, _chunked_logprobs, grpo_loss, off_policy_stats
 from .sft import WarmStart
 
@@ -90,7 +91,8 @@ class PortableTrainer(WarmStart, Checkpoints):
                  lora_dropout: float = 0.0, target_modules: str | list[str] = "all-linear",
                  loss: str = "dr_grpo", micro_batch_size: int = 4, max_seq_len: int = 2048,
                  max_grad_norm: float = 1.0, precision: str = "auto", epsilon: float = 0.2,
-                 weight_decay: float = 0.0, gradient_checkpointing: bool = False, micro_batch_tokens: int = 0):
+                 weight_decay: float = 0.0, gradient_checkpointing: bool = False, micro_batch_tokens: int = 0,
+                 packed: bool = False):
         import peft
 
         for attr in ("model", "tokenizer"):
@@ -143,6 +145,19 @@ class PortableTrainer(WarmStart, Checkpoints):
         self._lock = threading.Lock()  # one update at a time, also across `train` threads
         self._keep_logits = "logits_to_keep" in inspect.signature(model.get_base_model().forward).parameters
         self._split = _backbone_and_head(model.get_base_model())
+        self.packed = packed
+
+    @property
+    def packed(self) -> bool:
+        """Packed micro-batches (mcp_rl/packing.py): sequences end to end, `micro_batch_tokens` bounds the packed
+        rows, the LM head only on trained positions (Liger's fused kernel on CUDA). Needs a model whose logits are
+        its head's (`_split`) and an attention that reads packed position_ids; otherwise the padded path stays."""
+        return self._packed
+
+    @packed.setter
+    def packed(self, on: bool) -> None:
+        self._packed = bool(on) and self._split is not None and packing.packing_works(self._split[0])
+        self._fused = self._packed and packing.fused_available(self.device)
 
     # ---- forward pass -------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -158,6 +173,10 @@ class PortableTrainer(WarmStart, Checkpoints):
         """Log-probabilities of each sequence's tokens from the first trained one on.
 
         Returns (new_logprobs, old_logprobs, mask), each [B, K]; right padding."""
+        if self.packed:
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+            return packing.packed_logprobs(*self._split, seqs, device=self.device, autocast=self._autocast, dtype=dtype,
+                                           pad=self.tokenizer.pad_token_id or 0, fused=self._fused)
         length = max(len(s["ids"]) for s in seqs)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.full((len(seqs), length), pad, dtype=torch.long)
@@ -200,6 +219,8 @@ class PortableTrainer(WarmStart, Checkpoints):
 
     def _micro_batches(self, seqs: list[dict]) -> list[list[dict]]:
         seqs = self._by_length(seqs)  # similar lengths together: less padding
+        if self.packed and self.micro_batch_tokens:
+            return packing.token_batches(seqs, self.micro_batch_tokens)
         if not self.micro_batch_tokens:
             return [seqs[i:i + self.micro_batch_size] for i in range(0, len(seqs), self.micro_batch_size)]
         batches: list[list[dict]] = [[]]
@@ -267,15 +288,18 @@ class PortableTrainer(WarmStart, Checkpoints):
             log.info("skipped %d of %d groups with zero reward variance (no advantage to learn from)",
                      zero_var, len(groups))
         with self._lock, gpu_peaks(self.device) as peaks:
+            t_tok = time.perf_counter()
             with art_tokenizing():
                 results = list(tokenize_trajectory_groups(self.tokenizer, kept, allow_training_without_logprobs=False,
                                                           scale_rewards=(self.loss == "grpo")))
+            t_tok = time.perf_counter() - t_tok  # CPU time outside the GPU's forward/backward (issue [speed])
             seqs, too_long = self._keep_fitting([self._sequence(r) for r in results])
             metrics = {"loss": 0.0, "num_sequences": float(len(seqs)), "num_tokens": 0.0, "grad_norm": 0.0,
                        "skipped_groups": float(zero_var), "skipped_too_long": float(too_long), "updated": 0.0,
                        # the step's longest sequence and widest micro-batch (its longest minus its shortest):
                        # what sets the update's peak memory, and how far padding ran past a sequence's end
-                       "max_seq_tokens": float(max((len(s["ids"]) for s in seqs), default=0)), "max_padding": 0.0}
+                       "max_seq_tokens": float(max((len(s["ids"]) for s in seqs), default=0)), "max_padding": 0.0,
+                       "tokenize_seconds": t_tok}
             gap = [0.0, 0.0, 0.0]  # off_policy_stats summed over micro-batches (and ranks)
             if seqs:
                 constant = self.max_seq_len * len(seqs) if self.loss == "dr_grpo" else len(seqs)
@@ -300,6 +324,7 @@ class PortableTrainer(WarmStart, Checkpoints):
                         metrics["loss"] += float(loss.detach())
                         metrics["num_tokens"] += sum(len(s["ids"]) for s in batch)
                         metrics["max_padding"] = max(metrics["max_padding"], float(
+                            packing.padding_of(batch) if self.packed else
                             max(len(s["ids"]) for s in batch) - min(len(s["ids"]) for s in batch)))
                         gap = [a + b for a, b in zip(gap, off_policy_stats(new, old, mask, epsilon=self.epsilon))]
                     distributed.all_reduce_grads(self.params)

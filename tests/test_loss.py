@@ -96,3 +96,30 @@ def test_a_model_that_scales_its_logits_keeps_the_full_forward():
     torch.manual_seed(0)
     assert _backbone_and_head(GraniteForCausalLM(GraniteConfig(logits_scaling=8.0, **shape))) is None
     assert _backbone_and_head(LlamaForCausalLM(LlamaConfig(**shape))) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger's Triton kernels need CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_liger_fused_logprobs_match_the_chunked_head_and_its_gradient(dtype):
+    """The packed update's fused head (mcp_rl/packing.py) gives loss.py's chunked log-probs and hidden-state
+    gradients, a 262k vocabulary like Gemma 3's, in the autocast dtypes the trainer runs (fp16: a T4)."""
+    pytest.importorskip("liger_kernel")
+    from mcp_rl.packing import fused_available, fused_logprobs
+
+    assert fused_available(torch.device("cuda"))
+    torch.manual_seed(0)
+    head = torch.nn.Linear(640, 262144, bias=False, device="cuda")
+    head.weight.data.mul_(0.5)
+    hidden = torch.randn(3000, 640, device="cuda", requires_grad=True)
+    targets = torch.randint(0, 262144, (3000,), device="cuda")
+    cast = (lambda: torch.autocast("cuda", dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
+    weights = torch.randn(3000, device="cuda")
+    with cast():
+        fused = fused_logprobs(head, hidden, targets, None if dtype == torch.float32 else dtype, rows_per_chunk=512)
+    (g_fused,) = torch.autograd.grad((fused * weights).sum(), hidden)
+    chunked = _chunked_logprobs(head, hidden[None], targets[None], cast)[0]
+    (g_chunked,) = torch.autograd.grad((chunked * weights).sum(), hidden)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}[dtype]
+    torch.testing.assert_close(fused, chunked, rtol=tol, atol=tol)
+    torch.testing.assert_close(g_fused.float(), g_chunked.float(), rtol=tol, atol=tol * float(g_chunked.abs().max()))

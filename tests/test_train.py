@@ -489,3 +489,96 @@ def test_load_refuses_a_checkpoint_that_is_not_as_saved(tiny_trainer, tmp_path, 
     with pytest.raises(CheckpointCorrupt, match=f"adapter_model.safetensors .*{says}") as e:
         tiny_trainer().load(tmp_path / "ckpt")
     assert "\n" not in str(e.value)
+
+
+# ---- the packed update (mcp_rl/packing.py) ----------------------------------------------
+def _random_seqs(n_and_first, seed=1):
+    torch.manual_seed(seed)
+    seqs = []
+    for n, first in n_and_first:
+        mask = [0] * first + [1] * (n - first)
+        mask[first + 1] = 0 if n - first > 3 else 1  # a tool result between two assistant turns
+        seqs.append({"ids": torch.randint(5, 500, (n,)).tolist(), "mask": mask, "old": torch.randn(n).tolist(),
+                     "adv": float(torch.randn(()))})
+    return seqs
+
+
+def _tiny_gemma(tok):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], bos_token_id=1, eos_token_id=2, pad_token_id=2))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_packed_path_gives_the_padded_loss_and_gradients(tiny_policy, family):
+    """Sequences packed end to end (several in one row, each with its own positions; Gemma's sliding window of
+    4 kept inside each) give the padded path's loss, both kinds, and its LoRA gradients, float32."""
+    from mcp_rl.loss import grpo_loss
+
+    model, tok = tiny_policy
+    model = _tiny_gemma(tok) if family == "gemma3" else model
+    seqs = _random_seqs([(6, 2), (20, 5), (13, 3), (9, 7)])  # rows of 19 input positions: [19], [12, 5], [8]
+    out = []
+    for packed in (False, True):
+        torch.manual_seed(2)
+        trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
+                                  precision="fp32", max_seq_len=64, packed=packed)
+        assert trainer.packed is packed and not trainer._fused  # no CUDA here: loss.py's chunked head
+        trainer.model.train()
+        new, old, mask = trainer._logprobs(seqs)
+        adv = torch.tensor([s["adv"] for s in seqs])
+        losses = [grpo_loss(new, old, adv, mask, kind=k, constant=10.0) for k in ("dr_grpo", "grpo")]
+        sum(losses).backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        out.append(([float(x.detach()) for x in losses], grads, new[mask.bool()].detach(), int(mask.sum())))
+    (loss_a, grads_a, lp_a, n_a), (loss_b, grads_b, lp_b, n_b) = out
+    assert n_a == n_b == sum(sum(s["mask"][1:]) for s in seqs)
+    assert loss_b == pytest.approx(loss_a, rel=1e-6, abs=1e-7)
+    torch.testing.assert_close(lp_b, lp_a, rtol=1e-6, atol=1e-6)  # same order: sequence by sequence, token by token
+    assert grads_a.keys() == grads_b.keys() and any(g.abs().sum() > 0 for g in grads_a.values())
+    for n in grads_a:
+        torch.testing.assert_close(grads_b[n], grads_a[n], rtol=1e-5, atol=1e-7)
+
+
+def test_a_packed_step_equals_the_padded_step_and_counts_its_padding(tiny_policy):
+    """A whole train_step: packed micro-batches by real tokens give the padded step's loss and LoRA weights."""
+    from mcp_rl.packing import padding_of, rows_of, token_batches
+
+    model, tok = tiny_policy
+    groups = [art.TrajectoryGroup([trajectory(model, tok, GOOD, 1.0), trajectory(model, tok, BAD, 0.0)]),
+              art.TrajectoryGroup([trajectory(model, tok, "No.", 0.0), trajectory(model, tok, GOOD + " " + BAD, 1.0)])]
+    after = []
+    for kw in ({"micro_batch_size": 1}, {"packed": True, "micro_batch_tokens": 10**6}):
+        torch.manual_seed(1)
+        trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
+                                  learning_rate=1e-2, precision="fp32", max_seq_len=512, **kw)
+        metrics = trainer.train_step(groups)
+        after.append((lora_weights(trainer.model), metrics))
+    (w1, m1), (w2, m2) = after
+    assert m1["num_tokens"] == m2["num_tokens"] and m1["loss"] == pytest.approx(m2["loss"], rel=1e-5)
+    assert m1["max_padding"] == 0 and m2["max_padding"] >= 0 and m2["tokenize_seconds"] > 0
+    for n in w1:
+        torch.testing.assert_close(w1[n], w2[n], rtol=1e-4, atol=1e-6)
+    assert rows_of([3, 5, 2, 4], 6) == [[1], [3, 2], [0]]
+    assert padding_of([{"ids": [0] * 4}, {"ids": [0] * 6}, {"ids": [0] * 3}]) == 2 * 5 - 10
+    seqs = [{"ids": [0] * n} for n in (11, 21, 31, 41, 51)]  # 10-50 input positions
+    # [10, 20, 30] packs into rows [30], [20, 10]: 60 positions; adding 40 would take 3 rows of 40
+    assert [[len(s["ids"]) - 1 for s in b] for b in token_batches(seqs, 60)] == [[10, 20, 30], [40], [50]]
+    assert [[len(s["ids"]) - 1 for s in b] for b in token_batches(seqs, 120)] == [[10, 20, 30, 40], [50]]
+
+
+def test_an_attention_that_ignores_packed_positions_keeps_the_padded_path(tiny_policy, monkeypatch):
+    """If packed position_ids were not read as separate sequences (another transformers version or attention
+    kernel), the second sequence would attend to the first: the probe sees it and the trainer stays padded."""
+    import transformers.masking_utils as mu
+
+    model, tok = tiny_policy
+    make = lambda: PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),  # noqa: E731
+                                   precision="fp32", max_seq_len=64, packed=True)
+    assert make().packed
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda position_ids: None)
+    assert not make().packed
