@@ -60,6 +60,9 @@ class TrainConfig:
     micro_batch_tokens: int = _f(0, "portable trainer: fill each forward/backward pass with length-sorted sequences "
                                  "up to this many padded tokens instead of micro_batch_size sequences (0 = off; "
                                  "on a large GPU e.g. 65536: fewer, fuller passes, the same update)")
+    packed: bool = _f(False, "portable trainer: pack each micro-batch's sequences end to end (no padding; "
+                           "micro_batch_tokens bounds a pass) and run the LM head only on trained tokens, with "
+                           "Liger's fused head on CUDA (the `gpu` extra): the same loss, less memory (mcp_rl/packing.py)")
     max_seq_len: int = _f(4096, "longest tokenized trajectory trained on; longer ones are skipped (portable) "
                           "or cut (ART); also ART's context length in vLLM")
     logprob_chunk_size: int = _f(1024, "ART backend: tokens per chunk of its log-prob computation (ART's default "
