@@ -59,6 +59,7 @@ from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 from .guard import READ_ONLY, ToolPolicy, classify_tool, short, tool_hints
 from .schemas import mcp_tool_to_openai, normalize_schema
 from .tool_results import _BAD_ARGS, _UNKNOWN_TOOL, ToolResult, _explained, _nbytes, result_to_text, truncate
+from .redact import redact
 from .specs import STDIO_ENV_ALLOWLIST, ServerSpec, ServerUnavailable, describe_spec, is_stdio, make_client, stdio_env
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,8 @@ class ToolSession:
             tail = "\n".join(self._stderr.read()[-20_000:].strip().splitlines()[-lines:])
         except (OSError, ValueError):
             return ""
-        return f"\nServer stderr (last lines):\n{tail}" if tail else ""
+        # A server may log its own DSN or key (psql's connection string, a bad-token echo): redacted.
+        return f"\nServer stderr (last lines):\n{redact(tail)}" if tail else ""
 
     async def __aenter__(self) -> "ToolSession":
         spec = self.spec
@@ -126,7 +128,8 @@ class ToolSession:
             where = ("that the command runs by itself in a terminal and that the server writes "
                      "nothing but MCP messages to stdout" if stdio else
                      "that the server is running, the URL (usually ending in /mcp) and the token")
-            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            # httpx quotes the URL it failed on, userinfo and query included.
+            msg = redact(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
             auth = "" if stdio else await self._auth_refused()
             raise ServerUnavailable(f"Could not connect to MCP server {describe_spec(self.spec)}: "
                                     f"{msg}.{auth} Check {where}.{tail}") from e
@@ -225,6 +228,7 @@ class ToolSession:
         return "\n".join(parts)
 
     def _server_dead(self, why: str) -> ToolResult:
+        why = redact(why)  # transport errors quote URLs (credentials, query keys)
         if self._dead is None:
             # The model gets one short line; the server's own last words go to the log.
             self._dead = (f"The tool server stopped ({why}); no further tool calls are possible "
