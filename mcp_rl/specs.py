@@ -131,12 +131,13 @@ def _http_client(headers: dict | None = None, timeout: httpx2.Timeout | None = N
 
 def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | None = None,
                 timeout: float | None = 30.0, connect_timeout: float | None = 30.0,
-                log_file: Any = None) -> fastmcp.Client:
+                log_file: Any = None, message_handler: Any = None) -> fastmcp.Client:
     """A (not yet connected) `fastmcp.Client` for `spec`. `timeout` is the default per-request
     timeout, `connect_timeout` bounds the MCP handshake, `log_file` (Path or file) receives a
-    stdio server's stderr (default: ours). Raises ValueError for a malformed spec and
-    ServerUnavailable for a command or script that does not exist."""
-    kw = dict(timeout=timeout, init_timeout=connect_timeout)
+    stdio server's stderr (default: ours), `message_handler` the server's notifications (fastmcp's).
+    Raises ValueError for a malformed spec and ServerUnavailable for a command or script that does
+    not exist."""
+    kw = dict(timeout=timeout, init_timeout=connect_timeout, message_handler=message_handler)
     if isinstance(spec, fastmcp.FastMCP):
         return fastmcp.Client(FastMCPTransport(spec), **kw)
     env, passthrough, inherit, cwd = None, [], False, None
