@@ -5,7 +5,9 @@
 
 The policy (local_policy.py) renders prompts with `prompt_ids` (the template, with earlier sampled
 turns as the ids sampled), and ART's `tokenize_trajectory_groups` renders the same conversations again
-for training, so the template is installed on the tokenizer itself: both see the same tokens.
+for training, so the template is installed on the tokenizer itself: both see the same tokens. Both
+tokenize through `chat_ids`: control tokens come from the template alone, and what tools, users and
+tool schemas wrote is text, so a tool result cannot forge a turn.
 """
 
 from __future__ import annotations
