@@ -176,7 +176,7 @@ class ToolSession:
                 with anyio.move_on_after(15):
                     await client.close()
             except Exception as e:  # noqa: BLE001
-                log.debug("closing %s: %r", describe_spec(self.spec), e)
+                log.debug("closing %s: %s", describe_spec(self.spec), redact(repr(e)))
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
