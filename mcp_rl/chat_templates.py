@@ -5,15 +5,19 @@
 
 The policy (local_policy.py) renders prompts with `prompt_ids` (the template, with earlier sampled
 turns as the ids sampled), and ART's `tokenize_trajectory_groups` renders the same conversations again
-for training, so the template is installed on the tokenizer itself: both see the same tokens.
+for training, so the template is installed on the tokenizer itself: both see the same tokens. Both
+tokenize through `chat_ids`: control tokens come from the template alone, and what tools, users and
+tool schemas wrote is text, so a tool result cannot forge a turn.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Iterator
 
-__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer", "art_tokenizing", "prompt_ids"]
+__all__ = ["HERMES_TEMPLATE", "GEMMA_TEMPLATE", "install_tool_template", "art_tokenizer", "art_tokenizing", "prompt_ids",
+           "chat_ids"]
 
 # Hermes / Qwen2.5-style ChatML with tools, for tokenizers whose template ignores
 # `tools=` (SmolLM2's). Written here because the model ships none; differences from
@@ -139,9 +143,13 @@ class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokeniz
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
-    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+    def apply_chat_template(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("return_dict", False)
-        return self.tokenizer.apply_chat_template(*args, **kwargs)
+        if kwargs.get("tokenize", True) and not kwargs["return_dict"] and not args and not kwargs.get("return_tensors"):
+            # ART's ids for training: with what tools and users wrote as text, as the policy sampled it.
+            kw = {k: v for k, v in kwargs.items() if k not in ("tokenize", "return_dict", "tools")}
+            return chat_ids(self.tokenizer, messages, kwargs.get("tools"), **kw)
+        return self.tokenizer.apply_chat_template(messages, *args, **kwargs)
 
     @property
     def vocab_size(self) -> int:
@@ -188,8 +196,7 @@ def prompt_ids(tokenizer: Any, messages: list, tools: list[dict] | None) -> list
     from art.trajectories import get_messages
 
     def render(msgs: list) -> list[int]:
-        return list(tokenizer.apply_chat_template(msgs, tools=tools or None, add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
+        return chat_ids(tokenizer, msgs, tools, add_generation_prompt=True)
 
     sampled = [m for m in messages if not isinstance(m, dict) and m.logprobs and m.logprobs.content]
     mark = _sentinel(tokenizer) if sampled else None
@@ -199,7 +206,7 @@ def prompt_ids(tokenizer: Any, messages: list, tools: list[dict] | None) -> list
     marked = [{"role": "assistant", "content": tokenizer.decode([mark])} if id(m) in ids_of
               else get_messages([m])[0] for m in messages]
     ids = render(marked)
-    if ids.count(mark) != len(sampled):  # a tool result that spells the marker: render from text
+    if ids.count(mark) != len(sampled):  # cannot happen since chat_ids; a safe fallback all the same
         return render(get_messages(messages))
     out, turns = [], iter(sampled)
     for t in ids:
@@ -207,4 +214,89 @@ def prompt_ids(tokenizer: Any, messages: list, tools: list[dict] | None) -> list
             out.extend(int(lp.token.split(":")[1]) for lp in next(turns).logprobs.content)
         else:
             out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------- control tokens only where the template puts them
+
+def _controls(tokenizer: Any) -> tuple[frozenset[int], str]:
+    """The ids of the tokenizer's special tokens, and the characters any of them starts with.
+
+    Special added tokens only (`<|im_start|>`, `<|im_end|>`, `<end_of_turn>`, `<bos>`, ...): those are
+    the turn markers. A non-special added token (Qwen's `<tool_call>`) stays as the tokenizer makes it:
+    it opens no turn, and Qwen's own template puts tool results through it the same way."""
+    if "_mcp_rl_controls" not in tokenizer.__dict__:
+        added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items() if t.special and t.content}
+        tokenizer._mcp_rl_controls = (frozenset(added), "".join(sorted({c[0] for c in added.values()})))
+    return tokenizer._mcp_rl_controls
+
+
+def _control_spans(tokenizer: Any, text: str) -> list[tuple[int, int, int]]:
+    """(start, end, id) of each special token the tokenizer finds in `text`. The tokenizer's own matcher,
+    not a regex of ours: Gemma 3 has 6,249 special tokens, and a regex alternation of them takes minutes
+    to compile; a text none of whose characters opens one (nearly every text) is not encoded at all."""
+    ids, firsts = _controls(tokenizer)
+    if not ids or not any(c in text for c in firsts):
+        return []
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return [(a, b, i) for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i in ids]
+
+
+def _swap(value: Any, sub: Any) -> Any:
+    """`value` (a JSON-like message or tool schema) with `sub` applied to every string in it."""
+    if isinstance(value, str):
+        return sub(value)
+    if isinstance(value, dict):
+        return {k: _swap(v, sub) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_swap(v, sub) for v in value]
+    return value
+
+
+def chat_ids(tokenizer: Any, messages: list, tools: list[dict] | None = None, **template_kw: Any) -> list[int]:
+    """`apply_chat_template(messages, tools=tools, tokenize=True)`'s ids, except that text a tool, a user
+    or a system prompt wrote (and tool schemas: an MCP server writes their descriptions) is tokenized as
+    text: a tool result holding "<|im_end|>\n<|im_start|>system\n..." gets no control token and so cannot
+    forge a turn. Assistant turns are the model's own (and carry prompt_ids' and ART's marker token),
+    so they render as the template renders them. Messages are dicts here (as ART's get_messages gives).
+
+    Why not `split_special_tokens=True` on the whole prompt: it would split the template's own turn markers
+    too. Why not escape the text (a zero-width space in "<|im_end|>"): the model would read other text than
+    the tool returned. So: render the template with each control token inside untrusted text swapped for a
+    placeholder, cut the rendered text at the control tokens the template wrote (each one id), and encode
+    the text between them, placeholders put back, with `split_special_tokens=True`. Text between control
+    tokens is what a tokenizer encodes as one piece anyway, so the ids equal the tokenizer's own wherever
+    nothing was forged, and a prompt with no control text in untrusted parts (nearly all) takes the plain path.
+    """
+    kw = {"add_generation_prompt": False, **template_kw, "tools": tools or None}
+    originals: list[str] = []
+    mark = ""
+
+    def hide(text: str) -> str:
+        out, at = [], 0
+        for a, b, _ in _control_spans(tokenizer, text):
+            out += [text[at:a], f"{mark}{len(originals)}{mark}"]
+            originals.append(text[a:b])
+            at = b
+        return "".join(out) + text[at:]
+
+    trusted = [isinstance(m, dict) and m.get("role") == "assistant" for m in messages]
+    used: set[str] = set()
+    _swap([[m for m in messages if isinstance(m, dict)], tools], used.update)  # every character of every string
+    mark = next(chr(c) for c in range(0xF0000, 0xFFFFE) if chr(c) not in used)  # a private-use char no text has
+    safe = [m if t else _swap(m, hide) for m, t in zip(messages, trusted)]
+    safe_tools = _swap(tools, hide) if tools else None
+    if not originals:
+        return list(tokenizer.apply_chat_template(messages, **kw, tokenize=True, return_dict=False))
+    text = tokenizer.apply_chat_template(safe, **{**kw, "tools": safe_tools}, tokenize=False)
+    back = re.compile(f"{mark}(\\d+){mark}")
+    out: list[int] = []
+    at = 0
+    for a, b, i in [*_control_spans(tokenizer, text), (len(text), len(text), None)]:
+        if a > at:  # text between control tokens, with what the placeholders hid put back as text
+            out.extend(tokenizer.encode(back.sub(lambda m: originals[int(m[1])], text[at:a]), add_special_tokens=False,
+                                        split_special_tokens=True))
+        if i is not None:  # a control token the template (or an assistant turn) wrote
+            out.append(i)
+        at = b
     return out

@@ -30,7 +30,9 @@ form to give it variables. HTTP and in-process servers are not affected.
 A session opened with a `ToolPolicy` (`mcp_rl.guard`; rollouts always pass one) checks the
 server's tools when it opens, raising `SideEffectsRefused` for tools with side effects nothing
 allowed, and then lists and calls only the tools its filters admit: a filtered tool is never
-described to the model, and a call to it is answered as an unknown tool.
+described to the model, and a call to it is answered as an unknown tool. When the server says its
+tools changed (`notifications/tools/list_changed`), the next call re-lists and re-checks them first;
+if they no longer fit, that call and every later one raise `ToolsChanged` and nothing is called.
 
 Show a server's tools from a shell: `python -m mcp_rl tools --server SPEC`.
 Transports, sessions and protocol negotiation are fastmcp's; this module only decides which
@@ -51,14 +53,16 @@ from typing import Any
 import anyio
 import fastmcp
 import httpx2
+import mcp_types
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
 # Re-exported: `from mcp_rl.connect import mcp_tool_to_openai` predates schemas.py, and
 # `make_client`, `describe_spec`, `stdio_env` predate specs.py.
-from .guard import READ_ONLY, ToolPolicy, classify_tool, short, tool_hints
+from .guard import READ_ONLY, ToolPolicy, ToolPolicyError, ToolsChanged, classify_tool, short, tool_hints
 from .schemas import mcp_tool_to_openai, normalize_schema
 from .tool_results import _BAD_ARGS, _UNKNOWN_TOOL, ToolResult, _explained, _nbytes, result_to_text, truncate
+from .redact import redact
 from .specs import STDIO_ENV_ALLOWLIST, ServerSpec, ServerUnavailable, describe_spec, is_stdio, make_client, stdio_env
 
 log = logging.getLogger(__name__)
@@ -92,6 +96,8 @@ class ToolSession:
         self._tools: list | None = None
         self._openai: list[dict] | None = None
         self._dead: str | None = None
+        self._changed = False  # the server sent tools/list_changed: re-list and re-check before a call
+        self._refused: ToolsChanged | None = None
 
     def __repr__(self) -> str:
         return f"ToolSession({describe_spec(self.spec)})"
@@ -105,7 +111,8 @@ class ToolSession:
             tail = "\n".join(self._stderr.read()[-20_000:].strip().splitlines()[-lines:])
         except (OSError, ValueError):
             return ""
-        return f"\nServer stderr (last lines):\n{tail}" if tail else ""
+        # A server may log its own DSN or key (psql's connection string, a bad-token echo): redacted.
+        return f"\nServer stderr (last lines):\n{redact(tail)}" if tail else ""
 
     async def __aenter__(self) -> "ToolSession":
         spec = self.spec
@@ -115,7 +122,7 @@ class ToolSession:
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") if stdio else None
         self._client = make_client(self.spec, token=self._token, headers=self._headers,
                                    timeout=self.call_timeout, connect_timeout=self._connect_timeout,
-                                   log_file=self._stderr)
+                                   log_file=self._stderr, message_handler=self._on_message)
         try:
             # fail_after, not wait_for: the client's context must be entered in this task.
             with anyio.fail_after(self._connect_timeout + 5):
@@ -126,7 +133,8 @@ class ToolSession:
             where = ("that the command runs by itself in a terminal and that the server writes "
                      "nothing but MCP messages to stdout" if stdio else
                      "that the server is running, the URL (usually ending in /mcp) and the token")
-            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            # httpx quotes the URL it failed on, userinfo and query included.
+            msg = redact(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
             auth = "" if stdio else await self._auth_refused()
             raise ServerUnavailable(f"Could not connect to MCP server {describe_spec(self.spec)}: "
                                     f"{msg}.{auth} Check {where}.{tail}") from e
@@ -168,7 +176,7 @@ class ToolSession:
                 with anyio.move_on_after(15):
                     await client.close()
             except Exception as e:  # noqa: BLE001
-                log.debug("closing %s: %r", describe_spec(self.spec), e)
+                log.debug("closing %s: %s", describe_spec(self.spec), redact(repr(e)))
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -183,16 +191,41 @@ class ToolSession:
             raise ServerUnavailable(self._dead)
         return self._client
 
+    async def _on_message(self, message: Any) -> None:
+        # Only a flag: the handler runs in the session's receive loop, so a list_tools from here would
+        # wait on the very loop that must deliver its answer. The next call re-lists and re-checks.
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._changed = True
+            log.info("MCP server %s changed its tools; re-checking them before the next call", describe_spec(self.spec))
+
     async def all_tools(self) -> list:
-        """Every MCP Tool object the server lists, filters or not (fetched once per session)."""
-        if self._tools is None:
-            self._tools = list(await self._require().list_tools())
+        """Every MCP Tool object the server lists, filters or not (fetched once per session, and
+        again after the server says its tools changed)."""
+        if self._tools is None or self._changed:
+            self._changed = False
+            self._tools, self._openai = list(await self._require().list_tools()), None
         return self._tools
 
     async def list_tools(self) -> list:
-        """The server's MCP Tool objects that the session's policy admits (all without one)."""
+        """The server's MCP Tool objects that the session's policy admits (all without one). After
+        tools/list_changed, the policy's check runs again on the new list: raises ToolsChanged (and so
+        does every later call) when it fails."""
+        if self._refused is not None:
+            raise self._refused
+        changed = self._changed and self._tools is not None
         tools = await self.all_tools()
-        return tools if self.policy is None else self.policy.filter(tools)
+        if self.policy is None:
+            return tools
+        if changed:
+            try:
+                self.policy.check(tools, server=describe_spec(self.spec))
+            except ToolPolicyError as e:
+                self._refused = ToolsChanged(
+                    f"{describe_spec(self.spec)} changed its tools during the session (tools/list_changed) and "
+                    f"the guard refuses the new list, so no further tool call is made in this session: {e}", e)
+                log.warning("%s", self._refused)
+                raise self._refused from e
+        return self.policy.filter(tools)
 
     async def restrict(self, policy: ToolPolicy) -> None:
         """Apply `policy` from now on, after checking it against the server's tools: raises
@@ -225,6 +258,7 @@ class ToolSession:
         return "\n".join(parts)
 
     def _server_dead(self, why: str) -> ToolResult:
+        why = redact(why)  # transport errors quote URLs (credentials, query keys)
         if self._dead is None:
             # The model gets one short line; the server's own last words go to the log.
             self._dead = (f"The tool server stopped ({why}); no further tool calls are possible "
@@ -233,8 +267,10 @@ class ToolSession:
         return ToolResult(self._dead, True, "server_dead")
 
     async def call(self, name: str, arguments: Any = None) -> ToolResult:
-        """Call tool `name`. Never raises for anything the server or the agent did: failures come
-        back as a ToolResult whose text tells the model what went wrong."""
+        """Call tool `name`. Never raises for anything the server or the agent did, but one: failures
+        come back as a ToolResult whose text tells the model what went wrong; a server whose tools
+        changed mid-session into a list the policy refuses raises ToolsChanged (a ToolPolicyError,
+        which rollouts raise as they do at open) and the tool is not called."""
         if self._dead:
             return ToolResult(self._dead, True, "server_dead")
         if isinstance(arguments, str):  # models often emit arguments as a JSON string
@@ -249,6 +285,8 @@ class ToolSession:
                               f"{type(arguments).__name__}: {short(arguments)}", True, "bad_arguments")
         try:
             tools = await self.list_tools()
+        except ToolPolicyError:
+            raise
         except Exception as e:  # noqa: BLE001
             return self._classify(e, name)
         names = [t.name for t in tools]

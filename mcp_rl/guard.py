@@ -13,6 +13,10 @@ the agent a tool with side effects unless the tools are named in an allowlist or
 are allowed explicitly: an RL run calls tools thousands of times with a model's arguments.
 `filter_tools` applies a policy's name filters alone (for scenario generators that list tools).
 Show each tool's class: `python -m mcp_rl tools --server SPEC`.
+
+The check is not only at open: a server may change its tools mid-session and say so
+(`notifications/tools/list_changed`); the session then re-lists them before its next call and
+checks them again, and a failed re-check refuses that call and every later one (`ToolsChanged`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Iterable
 
 from .schemas import field_of
 
-__all__ = ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "READ_ONLY", "SIDE_EFFECTS", "classify_tool", "tool_hints",
+__all__ = ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "ToolsChanged", "READ_ONLY", "SIDE_EFFECTS", "classify_tool", "tool_hints",
            "tool_name", "filter_tools", "short"]
 
 READ_ONLY = "read-only"
@@ -59,6 +63,17 @@ class SideEffectsRefused(ToolPolicyError):
     def __init__(self, message: str, tools: list[str]):
         super().__init__(message)
         self.tools = tools
+
+
+class ToolsChanged(ToolPolicyError):
+    """A server changed its tools during a session (`notifications/tools/list_changed`) and the guard's
+    re-check refused the new list: a tool re-registered with side effects is never called. Raised by
+    `ToolSession.call` (the one thing a call raises), so a run stops as it would had the server
+    listed those tools at open; `cause` is the check's own error."""
+
+    def __init__(self, message: str, cause: ToolPolicyError):
+        super().__init__(message)
+        self.cause = cause
 
 
 def tool_name(tool: Any) -> str:

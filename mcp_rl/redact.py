@@ -21,23 +21,31 @@ __all__ = ["redact", "redact_params", "MASK"]
 
 MASK = "***"
 # Words that make a flag, env name or key secret-looking (`--api-key`, `PGPASSWORD`, `judgeApiKey`).
-_WORDS = {"token", "secret", "password", "passwd", "pwd", "pat", "key", "apikey", "auth", "authorization",
+_WORDS = {"token", "secret", "password", "passwd", "pwd", "pw", "pass", "passphrase", "pat", "key", "apikey",
+          "apitoken", "accesstoken", "secretkey", "privatekey", "clientsecret", "auth", "authorization",
           "credential", "credentials", "cookie", "bearer", "sig", "signature", "pgpassword"}
 
 
 def _secret_name(name: str) -> bool:
     words = re.split(r"[-_.\s]+|(?<=[a-z])(?=[A-Z])", name.strip("-"))
-    return any(w.lower() in _WORDS for w in words)
+    # Whole words, so --keyword and --max-tokens stay; but "secret" and "passw" are secret anywhere (--mysecret).
+    return any(w.lower() in _WORDS for w in words) or bool(re.search("secret|passw", name, re.I))
 
 
-# scheme://user:password@host -> password hidden (user kept: it helps to know who).
-_USERINFO = re.compile(r"(?P<pre>\b[a-z][a-z0-9+.\-]*://[^\s/@:]*):(?P<pw>[^\s/@]*)@", re.I)
+# scheme://user:password@host -> password hidden (user kept: it helps to know who). Up to the last
+# @ before the path: a password is often pasted with a raw @ in it ("bob:p@ss@db").
+_USERINFO = re.compile(r"(?P<pre>\b[a-z][a-z0-9+.\-]*://[^\s/@:]*):(?P<pw>[^\s/]*)@", re.I)
 # ?a=1&b=2 in a URL -> every value hidden.
 _QUERY = re.compile(r"(?P<pre>[?&][^\s=&#]+=)(?P<val>[^\s&#]*)")
 # --token X, --token=X, -p X (a short -p is a password flag for psql/mysql).
 _FLAG = re.compile(r"(?<!\S)(?P<name>--?[A-Za-z][\w-]*)(?P<sep>=|\s+)(?P<val>\"[^\"]*\"|'[^']*'|\S+)")
 # GITHUB_TOKEN=abc, PGPASSWORD=abc (not a URL's query: that is _QUERY's)
 _ENV = re.compile(r"(?<![?&\w])(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<val>[^\s&]+)")
+# Tokens whose format names them wherever they stand (a positional argument, a URL path): GitHub,
+# OpenAI/Anthropic-style sk-, Slack, Hugging Face, AWS access key ids, JWTs.
+_KNOWN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{20,}|sk-[A-Za-z0-9_\-]{16,}"
+                    r"|xox[abposr]-[A-Za-z0-9\-]{10,}|hf_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}"
+                    r"|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)")
 # Authorization: Bearer abc
 _BEARER = re.compile(r"(?P<pre>\b(?:bearer|basic)\s+)(?P<val>[A-Za-z0-9._~+/=\-]{8,})", re.I)
 
@@ -66,7 +74,8 @@ def redact(text: Any) -> str:
     s = _QUERY.sub(lambda m: m["pre"] + MASK, s)
     s = _FLAG.sub(_flag, s)
     s = _ENV.sub(lambda m: f"{m['name']}={MASK}" if _secret_name(m["name"]) else m[0], s)
-    return _BEARER.sub(lambda m: m["pre"] + MASK, s)
+    s = _BEARER.sub(lambda m: m["pre"] + MASK, s)
+    return _KNOWN.sub(MASK, s)
 
 
 def redact_params(value: Any) -> Any:

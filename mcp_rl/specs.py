@@ -23,6 +23,8 @@ import httpx2
 from fastmcp.client.transports import FastMCPTransport, StdioTransport, StreamableHttpTransport
 from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
 
+from .redact import redact
+
 ServerSpec = Union[fastmcp.FastMCP, str, os.PathLike, dict]
 
 __all__ = ["ServerSpec", "ServerUnavailable", "make_client", "is_stdio", "describe_spec", "stdio_env", "STDIO_ENV_ALLOWLIST"]
@@ -34,7 +36,6 @@ _DICT_KEYS = {"url", "headers", "token", "command", "args", "env", "env_passthro
 STDIO_ENV_ALLOWLIST: tuple[str, ...] = (
     *DEFAULT_INHERITED_ENV_VARS, "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TMP", "TEMP",
     "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR", "SYSTEMROOT", "COMSPEC", "WINDIR")
-_SECRET = re.compile(r"token|key|secret|passw|auth|cred|bearer", re.I)
 _URL = re.compile(r"\s*https?://", re.I)
 
 
@@ -59,7 +60,7 @@ def _stdio_argv(spec: str | os.PathLike) -> list[str] | None:
     try:
         argv = shlex.split(text)
     except ValueError as e:
-        raise ValueError(f"Cannot parse server command {text[:200]!r}: {e}") from None
+        raise ValueError(f"Cannot parse server command {redact(text)[:200]!r}: {e}") from None
     if not argv:
         raise ValueError("Empty server spec: give a .py path, a command such as "
                          "'python mcp_server.py', or an http(s)://…/mcp URL.")
@@ -79,18 +80,18 @@ def _python_first(argv: list[str]) -> list[str]:
 def _check_argv(argv: list[str], spec: Any, cwd: Any = None) -> None:
     if shutil.which(argv[0]) is None:
         raise ServerUnavailable(f"Cannot start MCP server {describe_spec(spec)}: command "
-                                f"{argv[0]!r} was not found on PATH. Install it or give its full path.")
+                                f"{redact(argv[0])[:200]!r} was not found on PATH. Install it or give its full path.")
     base = Path(cwd or os.getcwd())
     if argv[0] == sys.executable and len(argv) > 1 and argv[1].endswith(".py") \
             and not (base / argv[1]).is_file():
         raise ServerUnavailable(f"Cannot start MCP server {describe_spec(spec)}: no such file "
-                                f"{argv[1]!r}. Check the path (relative paths are from {base}).")
+                                f"{redact(argv[1])[:200]!r}. Check the path (relative paths are from {base}).")
 
 
 def _env_names(names: Any) -> list[str]:
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names or []):
         raise ValueError("'env_passthrough' must be a list of variable names such as "
-                         f"[\"OPENAI_API_KEY\", \"AWS_*\"], got {names!r}")
+                         f"[\"OPENAI_API_KEY\", \"AWS_*\"], got {redact(repr(names))[:200]}")
     return list(names or [])
 
 
@@ -130,12 +131,13 @@ def _http_client(headers: dict | None = None, timeout: httpx2.Timeout | None = N
 
 def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | None = None,
                 timeout: float | None = 30.0, connect_timeout: float | None = 30.0,
-                log_file: Any = None) -> fastmcp.Client:
+                log_file: Any = None, message_handler: Any = None) -> fastmcp.Client:
     """A (not yet connected) `fastmcp.Client` for `spec`. `timeout` is the default per-request
     timeout, `connect_timeout` bounds the MCP handshake, `log_file` (Path or file) receives a
-    stdio server's stderr (default: ours). Raises ValueError for a malformed spec and
-    ServerUnavailable for a command or script that does not exist."""
-    kw = dict(timeout=timeout, init_timeout=connect_timeout)
+    stdio server's stderr (default: ours), `message_handler` the server's notifications (fastmcp's).
+    Raises ValueError for a malformed spec and ServerUnavailable for a command or script that does
+    not exist."""
+    kw = dict(timeout=timeout, init_timeout=connect_timeout, message_handler=message_handler)
     if isinstance(spec, fastmcp.FastMCP):
         return fastmcp.Client(FastMCPTransport(spec), **kw)
     env, passthrough, inherit, cwd = None, [], False, None
@@ -155,7 +157,8 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
             argv = (_python_first(list(map(str, cmd))) if isinstance(cmd, (list, tuple))
                     else _stdio_argv(str(cmd)))
             if not argv:
-                raise ValueError(f"'command' must be a command, not {cmd!r}; use 'url' for http(s) servers.")
+                raise ValueError(f"'command' must be a command, not {redact(repr(cmd))[:200]}; use 'url' for "
+                                 "http(s) servers.")
             argv += [str(a) for a in spec.get("args") or []]
             env, cwd = spec.get("env"), spec.get("cwd")
             passthrough = _env_names(spec.get("env_passthrough"))
@@ -185,15 +188,13 @@ def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | N
     return fastmcp.Client(transport, **kw)
 
 
-def _mask_arg(prev: str, arg: str) -> str:
-    if "=" in arg and _SECRET.search(arg.split("=", 1)[0]):
-        return arg.split("=", 1)[0] + "=***"
-    return "***" if prev.startswith("-") and _SECRET.search(prev) else arg
-
-
 def describe_spec(spec: ServerSpec) -> str:
     """A one-line description of `spec` for logs and errors. Secrets never appear: header values,
-    env values, URL credentials and query values, and arguments after --token-like flags are masked."""
+    env values, URL credentials and query values, and what `mcp_rl.redact.redact` masks in a command.
+
+    >>> describe_spec("uvx mcp-server-postgres postgresql://bob:hunter2@db/x --pat ghp_1")
+    'stdio: uvx mcp-server-postgres postgresql://bob:***@db/x --pat ***'
+    """
     if isinstance(spec, fastmcp.FastMCP):
         return f"in-process FastMCP server {spec.name!r}"
     if isinstance(spec, dict):
@@ -213,13 +214,13 @@ def describe_spec(spec: ServerSpec) -> str:
         return f"<unsupported spec of type {type(spec).__name__}>"
     text = str(spec).strip()
     if _URL.match(text):
+        # Only scheme, host, port and path: the user name goes too (a URL is often pasted with a
+        # key for a user name), and so does every query value. netloc, not .port, which raises
+        # on a malformed port ("h:abc") where a description must not.
         u = urlsplit(text)
-        host = (u.hostname or "") + (f":{u.port}" if u.port else "")
         query = "&".join(f"{q.split('=', 1)[0]}=***" for q in u.query.split("&") if q)
-        return f"http: {u.scheme}://{host}{u.path}" + (f"?{query}" if query else "")
-    try:
-        argv = shlex.split(text) if not isinstance(spec, os.PathLike) else [text]
-    except ValueError:
-        return f"stdio: {text[:200]}"
-    masked = [_mask_arg(argv[i - 1] if i else "", a) for i, a in enumerate(argv)]
-    return "stdio: " + " ".join(a if a.endswith("***") else shlex.quote(a) for a in masked)
+        # redact() as well: a key can sit in the path (".../sk-…/mcp").
+        return "http: " + redact(f"{u.scheme}://{u.netloc.rpartition('@')[2]}{u.path}") + (f"?{query}" if query else "")
+    # The command line as written, through the one redaction helper (mcp_rl.redact): DSN passwords,
+    # values after --token/--pat/-p, NAME=secret pairs and well-known token formats are masked.
+    return "stdio: " + redact(text)

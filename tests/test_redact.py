@@ -17,6 +17,11 @@ CASES = [
     ("GITHUB_TOKEN=ghp_1 uvx server", "GITHUB_TOKEN=*** uvx server"),
     ("PGPASSWORD=x psql", "PGPASSWORD=*** psql"),
     ("Authorization: Bearer abcdefgh1234", "Authorization: Bearer ***"),
+    ("mcp-pg postgresql://bob:p@ss@db/x", "mcp-pg postgresql://bob:***@db/x"),  # a raw @ in the password
+    ("npx server-github ghp_abcdefghijklmnopqrstuv", "npx server-github ***"),  # a token no flag names
+    ("https://h/sk-abcdefghijklmnopqrstu/mcp", "https://h/***/mcp"),
+    ("srv --passphrase X --client-secret=Y --mysecret Z", "srv --passphrase *** --client-secret=*** --mysecret ***"),
+    ("DB_PASS=x srv", "DB_PASS=*** srv"),
     # nothing secret: left alone
     ("python mcp_server.py --transport http --port 8000", "python mcp_server.py --transport http --port 8000"),
     ("--keyword x --pattern y --max-tokens 9", "--keyword x --pattern y --max-tokens 9"),
