@@ -2,7 +2,8 @@
 
 Pipeline (one module per stage): connect → scenarios → rollout → rewards →
 train → evaluate → export; `runs` strings the stages into a resumable run. `guard` decides which
-server tools an agent is offered, `audit` logs every tool call a run makes. Names that need torch
+server tools an agent is offered, `audit` logs every tool call a run makes, `reward_audit` checks
+that cheating policies earn nothing under a run's reward before it trains. Names that need torch
 (LocalPolicy, PortableTrainer, ...) are imported on first use, so `import mcp_rl` stays light for
 the server-only paths.
 """
@@ -17,7 +18,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 _NAMES = {
     "connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai", "tools_json",
                 "tools_table"],
-    "guard": ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "classify_tool", "filter_tools"],
+    "guard": ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "ToolsChanged", "classify_tool", "filter_tools"],
     "audit": ["log_tool_calls", "read_tool_calls"],
     "scenarios": ["Scenario", "load_scenarios", "save_scenarios", "split_scenarios", "collect_context",
                   "grounded_scenarios", "llm_scenarios", "enrich_tools"],
@@ -25,6 +26,8 @@ _NAMES = {
     "local_policy": ["LocalPolicy", "load_local_model"],
     "rollout": ["RolloutConfig", "rollout", "gather_rollouts", "transcript"],
     "rewards": ["RewardConfig", "verify_answer", "score_group", "score_trajectory"],
+    "reward_audit": ["audit_reward", "AuditReport", "RewardGameable"],
+    "balance": ["answer_balance", "balance_report"],
     "train": ["PortableTrainer"],
     "unsloth_loader": ["UnslothPolicy", "UnslothUnavailable", "import_unsloth", "load_unsloth_model"],
     "art_backend": ["ARTTrainer"],
