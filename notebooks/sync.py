@@ -6,7 +6,8 @@
 Each `NN_name.py` is the readable source of `NN_name.ipynb` (`# %%` starts a code cell,
 `# %% [markdown]` a text cell, `tags=["parameters"]` marks papermill's cell). Two things are
 filled in here, so they live in one place each:
-- the cell tagged "install" becomes notebooks/install_cell.py, with REPO_URL set;
+- the cell tagged "install" becomes notebooks/first_cell.py, with REPO_URL set (it finds or clones the
+  checkout, then runs notebooks/install_cell.py from it);
 - the repository URL is pyproject.toml's `[tool.mcp-rl] repository` (empty, or a GitHub https URL;
   anything else is refused), its branch `[tool.mcp-rl] branch` (default main). When it is set, each
   notebook and the README get "Open in Colab" badges for it; when it is empty, the README says
@@ -75,11 +76,11 @@ def badge(repo: str, stem: str, branch: str = "main") -> str:
 
 
 def install_source(repo: str, branch: str = "main") -> str:
-    """The install cell with REPO_URL and REPO_BRANCH filled in: it clones the branch the badge opens."""
-    text = (HERE / "install_cell.py").read_text().strip()
+    """The first cell with REPO_URL and REPO_BRANCH filled in: it clones the branch the badge opens."""
+    text = (HERE / "first_cell.py").read_text().strip()
     for line, value in (('REPO_URL = ""', repo), ('REPO_BRANCH = "main"', branch)):
         if line not in text:
-            raise ValueError(f"notebooks/install_cell.py must contain the line {line!r}")
+            raise ValueError(f"notebooks/first_cell.py must contain the line {line!r}")
         text = text.replace(line, line.split(" = ")[0] + f' = "{value}"', 1)
     return text
 
