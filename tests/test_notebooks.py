@@ -14,6 +14,7 @@ notebook 02 executed with papermill against mcp-server-time.
 """
 
 import ast
+import asyncio
 import importlib
 import importlib.util
 import json
@@ -496,3 +497,72 @@ def test_bring_your_own_server_runs_on_cpu(tmp_path, venv_kernel):
     assert "refused: refusing to offer the agent tools with side effects: delete_notes" in text
     assert "rollouts: offer 1 tool, all read-only" in text and "no (filtered)" in text
     assert (run / "report.md").is_file() and (run / "merged" / "config.json").is_file()
+
+
+# ---------------------------------------------------------------- the endpoint cell, both backends
+def cell_with(nb_name: str, marker: str) -> str:
+    (cell,) = [c for c in code_cells(load(nb_name)) if marker in c.source]
+    return cell.source
+
+
+async def run_cell(source: str, namespace: dict) -> None:
+    """A notebook cell with top-level await, run on the caller's event loop (as IPython does)."""
+    code = compile(source, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    result = eval(code, namespace)  # noqa: S307 - the committed notebook's own cell
+    if result is not None:
+        await result
+
+
+class _ArtModel:
+    """What the endpoint cell reads from ART's registered model: vLLM's URL, key and the served LoRA's name."""
+
+    def __init__(self, base_url: str):
+        self.inference_base_url, self.inference_api_key = base_url, "default"
+
+    def get_inference_name(self) -> str:
+        return "sql-agent"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("backend", ["art", "portable"])
+async def test_the_endpoint_cell_answers_on_both_backends(name, backend, capsys):
+    """The ART path: vLLM is a stand-in OpenAI server (openai_app over a scripted policy on 127.0.0.1, a double
+    at the network boundary), and trainer.policy is an OpenAIPolicy whose client has already served rollouts on
+    this loop, as in the notebook. The cell must not serve that client from another loop; it asks vLLM's URL
+    with a client of its own. The portable path serves trainer.policy through openai_app in a thread."""
+    from fastmcp import FastMCP
+
+    from mcp_rl import OpenAIPolicy, ScriptedPolicy, ServerThread, openai_app, preset
+    from mcp_rl.policy import play
+
+    tools = FastMCP("tools")
+
+    @tools.tool(annotations={"readOnlyHint": True})
+    def list_tables() -> str:
+        """The tables."""
+        return "employees"
+
+    scripted = ScriptedPolicy(play({"tool": "list_tables", "arguments": {}}))
+    cfg = preset("t4" if backend == "art" else "cpu")
+    assert cfg.train.backend == backend
+    ns = {"cfg": cfg, "QUESTION": "How many employees?", "server": type("S", (), {"spec": tools})(),
+          "spec": tools, "tool_policy": None, "test": [type("T", (), {"task": "How many employees?"})()]}
+    with ServerThread(openai_app(scripted, name="sql-agent")) as vllm:
+        loops = []
+
+        class LoopBound(OpenAIPolicy):  # ART's policy: its client and model live on the notebook's loop
+            async def complete(self, *args, **kwargs):
+                loops.append(asyncio.get_running_loop())
+                return await super().complete(*args, **kwargs)
+
+        if backend == "art":
+            policy = LoopBound("sql-agent", base_url=vllm.base_url, api_key="default")
+            await policy.complete([{"role": "user", "content": "hi"}], [], max_tokens=8, temperature=1.0)  # a rollout
+            ns["trainer"] = type("T", (), {"model": _ArtModel(vllm.base_url), "policy": policy})()
+        else:
+            ns["trainer"] = type("T", (), {"policy": scripted})()
+        await run_cell(cell_with(name, "openai_app(trainer.policy"), ns)
+    out = capsys.readouterr().out
+    assert all(loop is asyncio.get_running_loop() for loop in loops)  # never called from the endpoint's own loop
+    assert "tool calls: [('list_tables', '{}')]" in out
+    assert (vllm.base_url in out) == (backend == "art")  # ART: vLLM's own URL; else the cell's own endpoint
