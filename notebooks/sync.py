@@ -28,8 +28,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 README_START, README_END = "<!-- colab-badges:start -->", "<!-- colab-badges:end -->"
-NO_REPO = ("Colab badges appear here once the repository URL is set: `[tool.mcp-rl] repository` in "
-           "pyproject.toml, then `python notebooks/sync.py`.")
+NO_REPO = ("No public repository URL is set yet, so there is no Colab badge: open a notebook in Colab with "
+           "*File → Upload notebook*, and its first cell finds the code (a zip of this repository uploaded to "
+           "`/content`, or the folder on your Google Drive). The badges appear here once `[tool.mcp-rl] "
+           "repository` in pyproject.toml is set and `python notebooks/sync.py` has run.")
 TITLES = {"01_train_sql_agent": "Tutorial: train a SQL agent on the company MCP server (free T4: "
                                 "Qwen2.5-3B-Instruct in 4 bits, ART + vLLM 0.9.2)",
           "02_bring_your_own_server": "Bring your own MCP server (stdio command or HTTP URL), with your "
