@@ -36,11 +36,12 @@ def find_checkout() -> Path | None:
 
 
 if (root := find_checkout()) is None:
-    raise RuntimeError("no mcp-rl checkout here, and REPO_URL is empty. Any one of these gets you in, then run this "
-                       "cell again: (1) upload the repository's zip into /content (the folder icon on the left); "
-                       "(2) put the repository folder on your Google Drive (MyDrive/mcp-rl); (3) set REPO_URL at "
-                       "the top of this cell to its git URL; (4) outside Colab, start Jupyter inside a checkout")
+    raise RuntimeError("no mcp-rl checkout here, and REPO_URL is empty. Any one of these, then run this cell again: "
+                       "(1) upload the repository's zip into /content (the folder icon on the left); (2) put the "
+                       "repository folder on your Google Drive (MyDrive/mcp-rl); (3) set REPO_URL at the top of this "
+                       "cell to its git URL; (4) outside Colab, start Jupyter inside a checkout")
 os.chdir(root)
-sys.path[:0] = [] if str(root) in sys.path else [str(root)]
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
 print("checkout:", root)
-runpy.run_path(str(root / "notebooks" / "install_cell.py"))["install"](PRESET)  # noqa: F821 - the parameters cell's
+runpy.run_path(str(root / "notebooks" / "install_cell.py"))["install"](PRESET)  # noqa: F821 - PRESET: the first cell

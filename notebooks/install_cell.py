@@ -6,8 +6,8 @@ PRESET picks the stack, so install and config cannot disagree:
 
 - "t4" -> "art": OpenPipe ART + vLLM 0.9.2 (the faster sampler; replaces Colab's torch with 2.7.0,
   several minutes), the `colab` extra: openpipe-art[backend] 0.4.11, vllm 0.9.2, unsloth 2025.8.6,
-  torchao 0.12.0 (built for torch 2.7), then triton 3.2.0 on a T4 as ART's own T4 notebooks do;
-  pillow 11.3.0 and protobuf 5.29.5 as they pin them.
+  torchao 0.12.0 (built for torch 2.7), gguf 0.19.0 (the GGUF export), then triton 3.2.0 on a T4 as
+  ART's own T4 notebooks do; pillow 11.3.0 and protobuf 5.29.5 as they pin them.
 - "t4-unsloth" -> "unsloth": the light install, Unsloth inside the portable trainer on Colab's own torch
   (no vLLM, no torch reinstall; about two minutes): the `unsloth` extra, torchao pinned to the build
   for Colab's torch, then Unsloth itself with --no-deps.
@@ -37,9 +37,9 @@ STACKS = {"t4": "art", "t4-unsloth": "unsloth", "cpu": "cpu"}  # PRESET -> what 
 # What each path imports, in the order the notebooks import it (Unsloth before transformers).
 IMPORTS = {
     "art": ["numpy", "torch", "unsloth", "vllm", "transformers", "peft", "bitsandbytes", "torchao", "art",
-            "art.local", "fastmcp", "litellm", "matplotlib", "mcp_rl"],
+            "art.local", "fastmcp", "litellm", "gguf", "matplotlib", "mcp_rl"],
     "unsloth": ["numpy", "torch", "unsloth", "transformers", "peft", "bitsandbytes", "trl", "torchao", "art",
-                "fastmcp", "litellm", "matplotlib", "mcp_rl"],
+                "fastmcp", "litellm", "gguf", "matplotlib", "mcp_rl"],
     "cpu": ["numpy", "torch", "transformers", "peft", "accelerate", "gguf", "art", "fastmcp", "litellm",
             "matplotlib", "mcp_rl"],
 }

@@ -56,6 +56,8 @@ def test_colab_set_resolves_for_python_312(tmp_path):
                 for i in json.loads((tmp_path / "report.json").read_text())["install"]}
     assert resolved["vllm"] == "0.9.2" and resolved["openpipe-art"] == "0.4.11"
     assert resolved["fastmcp"] == "4.2.3"
+    assert resolved["torchao"] == "0.12.0" and resolved["torch"] == "2.7.0"  # the torchao built for vLLM's torch
+    assert resolved["gguf"] == "0.19.0"  # the notebooks' GGUF export
     from test_art_stack import ART_STACK  # what tests/test_art_stack.py runs our merge on
 
     assert {k: resolved.get(k) for k in ART_STACK} == ART_STACK
