@@ -33,9 +33,10 @@
 # | **total** | **about 50-75 min** |
 #
 # The light install (`PRESET = "t4-unsloth"`) installs in about two minutes but samples about half
-# as fast, so it runs 3 steps in the same hour. The CPU path (`PRESET = "cpu"`) takes about 15-20
-# minutes on Colab's 2 CPU cores (as `make demo` on a 2-core machine) and shows that every stage
-# runs; learning shows on a GPU (`bench/RESULTS.md`).
+# as fast, so it runs 3 steps in the same hour. The CPU path (`PRESET = "cpu"`) runs the `cpu`
+# preset, the same run as `make demo`: 14-29 minutes on 2 CPU cores in our runs (Colab's free CPU
+# machine has 2), plus the install. It shows that every stage runs; learning shows on a GPU
+# (`bench/RESULTS.md`).
 #
 # **A disconnect loses nothing.** On Colab the run folder goes to your Google Drive (`DRIVE`), and
 # every phase is recorded there: after a disconnect, *Run all* again continues the run (see the last
@@ -277,7 +278,7 @@ if await run.warm_start(server.spec, train) and cfg.train.eval_warm_start:
 # ## 8. Train
 #
 # Each step: `GROUPS_PER_STEP` training scenarios, `GROUP_SIZE` rollouts of each (progress bars),
-# rewards for every group (verified answer + small shaping terms, plus RULER with a key), groups
+# rewards for every group (verified answer + small shaping terms, plus RULER when the judge is on), groups
 # whose rollouts all scored the same are skipped (no signal for GRPO), then one LoRA update and a
 # checkpoint in `OUT/checkpoints`. Expect one line per step such as
 # `step 3/6 | reward 0.412 | success 35% | trained 3 groups, skipped 1 | loss 0.0021 | 340 s`.
