@@ -215,11 +215,9 @@ def cmd_demo(a) -> int:
     cfg = _with_worker_flags(_with_tool_flags(apply_overrides(preset("cpu", server="company"),
                                                               [f"out={out}", *(a.set or [])]), a), a)
     res = asyncio.run(run(cfg, resume=a.resume))
-    base, trained = res["base"], res["trained"]
-    print(f"\ndemo done in {(time.monotonic() - t0) / 60:.1f} min | verified success on {base.n} held-out scenarios: "
-          f"base {base.success_rate:.1%} -> trained {trained.success_rate:.1%} | report {res['report']}")
-    print(f"next: python -m mcp_rl serve --adapter {out} --port 8000         # the trained agent as an OpenAI endpoint\n"
-          f"      python -m mcp_rl export --run {out} --merged {out}/merged --ollama {out}/ollama   # GGUF + Modelfile")
+    from .demo import summary  # what the run checked, and what a CPU run cannot show
+
+    print("\n" + summary(res, cfg, (time.monotonic() - t0) / 60, out))
     return 0
 
 

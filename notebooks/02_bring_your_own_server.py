@@ -1,9 +1,10 @@
 # %% [markdown]
 # # Bring your own MCP server
 #
-# The tutorial's pipeline, pointed at any MCP server: a stdio command (`uvx mcp-server-time`,
-# `npx -y @scope/server`, `python my_server.py`) or an HTTP URL (`https://host/mcp`). The example is
-# the reference **time** server (`get_current_time`, `convert_time`). You bring:
+# The tutorial's pipeline, pointed at any MCP server: a stdio command (`uvx mcp-server-time@2026.10.19`,
+# `npx -y @scope/server@1.2.3`, `python my_server.py`) or an HTTP URL (`https://host/mcp`). Pin the
+# version of a server you start with uvx or npx, so a run you resume next week talks to the same
+# tools. The example is the reference **time** server (`get_current_time`, `convert_time`). You bring:
 #
 # - the server (`SERVER`);
 # - tasks with answers you can check: here, time conversions computed in the notebook;
@@ -11,14 +12,66 @@
 #   a reward function you write yourself in step 3;
 # - optionally an LLM that writes more training tasks from the server's tools (any endpoint too).
 #
-# CI runs this notebook on a CPU with the embedded SmolLM2-135M model against
-# `python -m mcp_server_time`. Times on a T4 are estimates; see the tutorial's introduction.
+# **Start** as in the tutorial: on Colab a T4 runtime, then *Runtime → Run all*; the set-up cell
+# finds the mcp-rl code (a clone, an uploaded zip, your Drive, or the repository URL). No GPU:
+# `PRESET = "cpu"`. CI runs this notebook on a CPU with the embedded SmolLM2-135M model against
+# `python -m mcp_server_time`.
+#
+# **Time on a T4: about an hour with the settings below** (10 steps of 4 x 6 rollouts, 40 held-out
+# tasks). Estimates, made as in the tutorial's introduction (our H200 numbers for the Qwen2.5-3B
+# shape divided by 15): a time-server episode is short (one or two tool calls, ~300 sampled tokens),
+# so a step samples about 7k tokens (~2 min) and trains about 30k (~1 min).
+#
+# | phase (`t4`) | estimate on a T4 |
+# |---|---|
+# | install, then load the model (once per machine) | 10-18 min |
+# | base evaluation, 40 tasks | ~4 min |
+# | 10 GRPO steps | 25-40 min |
+# | trained evaluation, export | ~4 + 3-5 min |
+# | **total** | **about 45-70 min** |
+#
+# A server whose episodes are longer (more calls, longer results) takes longer in proportion to
+# the tokens sampled. On Colab the run folder goes to your Google Drive (`DRIVE`), so a disconnect
+# loses nothing: *Run all* again continues the run.
+
+# %% tags=["parameters"]
+# Parameters (papermill overrides these; CI: the embedded model against python -m mcp_server_time)
+SERVER = "uvx mcp-server-time@2026.10.19"  # a stdio command, a .py file, or an http(s)://.../mcp URL (uvx: pip install uv)
+SERVER_ENV = {}                        # environment variables for a stdio server (it inherits none of yours)
+TOKEN_SECRET = None                    # name of a secret holding a bearer token (HTTP servers)
+SERVER_TOOLS = None                    # the only tools the agent may use, a list of names; None: all
+ALLOW_SIDE_EFFECTS = False             # offer tools not annotated read-only: only against a sandbox
+PRESET = "t4"                          # t4: ART on a Colab T4, t4-unsloth: the light install, cpu: no GPU
+MODEL = None                           # None: t4 -> Qwen/Qwen2.5-3B-Instruct (4-bit), cpu -> smollm2 (embedded)
+TOOL_PREFIX = False                    # force a tool call at the start of each turn (tiny models)
+STEPS = None                           # None: 10 on a T4 (about an hour, see the top), 2 on the CPU
+GROUPS_PER_STEP = None                 # None: 4 (cpu: 2)
+GROUP_SIZE = None                      # None: 6 (cpu: 4)
+TRAIN_SCENARIOS = 60                   # time-conversion tasks to train on
+EVAL_SCENARIOS = 40                    # held-out tasks, the same before and after (below 30: a smoke run)
+MAX_TOKENS = 256
+MAX_TURNS = 4
+CUSTOM_WEIGHT = 0.5                    # weight of your reward function, 0 logs it only
+JUDGE_MODEL = "openrouter/openai/gpt-4.1-mini"   # RULER judge (litellm name); None: no judge
+JUDGE_BASE_URL = None                  # e.g. http://localhost:11434/v1 (Ollama); None: the provider's
+JUDGE_KEY_SECRET = "OPENROUTER_API_KEY"          # secret holding the judge's key; None: no key needed
+GENERATOR_MODEL = "openai/gpt-4.1-mini"          # task writer; None: hand-made tasks only
+GENERATOR_BASE_URL = "https://openrouter.ai/api/v1"
+GENERATOR_KEY_SECRET = "OPENROUTER_API_KEY"
+LLM_SCENARIOS = 20
+OUT = "runs/my-server"
+FRESH_RUN = False
+DRIVE = True                           # Colab: keep OUT on Google Drive (resume after a disconnect); ignored elsewhere
+HF_REPO = None
+SEED = 0
 
 # %% tags=["install"]
-# (the install cell: notebooks/install_cell.py, inlined by notebooks/sync.py)
+# (the set-up cell: notebooks/first_cell.py, inlined by notebooks/sync.py)
 
 # %% [markdown]
 # ## Settings
+#
+# Every setting is in the parameters cell above (papermill replaces it in CI).
 #
 # **The judge and the task writer** each take a litellm model name, an OpenAI-compatible base URL
 # and the name of the secret holding their key. No key? Point them at a local server: with
@@ -35,36 +88,6 @@
 # `TOOL_PREFIX = True` forces each turn to start with a tool call: an aid for tiny models that
 # never emit one on their own (CI's CPU model).
 
-# %% tags=["parameters"]
-# Parameters (papermill overrides these; CI: the embedded model against python -m mcp_server_time)
-SERVER = "uvx mcp-server-time"        # a stdio command, a .py file, or an http(s)://.../mcp URL (uvx: pip install uv)
-SERVER_ENV = {}                        # environment variables for a stdio server (it inherits none of yours)
-TOKEN_SECRET = None                    # name of a secret holding a bearer token (HTTP servers)
-SERVER_TOOLS = None                    # the only tools the agent may use, a list of names; None: all
-ALLOW_SIDE_EFFECTS = False             # offer tools not annotated read-only: only against a sandbox
-PRESET = "t4"                          # t4: ART on a Colab T4, cpu: the portable trainer
-MODEL = "Qwen/Qwen2.5-3B-Instruct"     # or smollm2: the embedded CPU model
-TOOL_PREFIX = False                    # force a tool call at the start of each turn (tiny models)
-STEPS = 10
-GROUPS_PER_STEP = 4
-GROUP_SIZE = 6
-TRAIN_SCENARIOS = 60                   # time-conversion tasks to train on
-EVAL_SCENARIOS = 40                    # held-out tasks, the same before and after (below 30: a smoke run)
-MAX_TOKENS = 256
-MAX_TURNS = 4
-CUSTOM_WEIGHT = 0.5                    # weight of your reward function, 0 logs it only
-JUDGE_MODEL = "openrouter/openai/gpt-4.1-mini"   # RULER judge (litellm name); None: no judge
-JUDGE_BASE_URL = None                  # e.g. http://localhost:11434/v1 (Ollama); None: the provider's
-JUDGE_KEY_SECRET = "OPENROUTER_API_KEY"          # secret holding the judge's key; None: no key needed
-GENERATOR_MODEL = "openai/gpt-4.1-mini"          # task writer; None: hand-made tasks only
-GENERATOR_BASE_URL = "https://openrouter.ai/api/v1"
-GENERATOR_KEY_SECRET = "OPENROUTER_API_KEY"
-LLM_SCENARIOS = 20
-OUT = "runs/my-server"
-FRESH_RUN = False
-HF_REPO = None
-SEED = 0
-
 # %%
 # Keys come from Colab secrets (the key icon on the left) or the environment, else a hidden prompt
 # (press Enter to skip). They are never printed, and never written into the notebook or the run folder.
@@ -77,6 +100,20 @@ JUDGE_ON = bool(JUDGE_MODEL and (JUDGE_KEY or JUDGE_BASE_URL))
 GENERATOR_ON = bool(GENERATOR_MODEL and LLM_SCENARIOS and (GENERATOR_KEY or not GENERATOR_KEY_SECRET))
 print(f"judge: {JUDGE_MODEL if JUDGE_ON else 'off (no key or endpoint)'} | "
       f"task writer: {GENERATOR_MODEL if GENERATOR_ON else 'off'}")
+
+# %%
+# On Colab the run folder (and the paid LLM tasks beside it) go to Google Drive: a disconnect loses nothing.
+import os
+
+if DRIVE and any(k.startswith("COLAB_") for k in os.environ):  # the run folder on Drive survives a disconnect
+    try:
+        from google.colab import drive
+
+        drive.mount("/content/drive")
+        OUT = f"/content/drive/MyDrive/mcp-rl/{OUT.rstrip('/').split('/')[-1]}"
+    except Exception as e:  # declined or unavailable: the run stays on this machine
+        print(f"Drive not mounted ({type(e).__name__}): the run folder stays on this machine")
+print("run folder:", OUT)
 
 # %% [markdown]
 # ## 1. Connect to the server and look at its tools
@@ -221,14 +258,16 @@ MY_REWARD = (time_from_tool.__name__, time_from_tool, CUSTOM_WEIGHT)
 # %%
 from mcp_rl import open_run, preset
 
+gpu_sizes = PRESET != "cpu"  # None above: an hour on a T4, the cpu preset's own sizes on a CPU
+sizes = {"steps": STEPS or (10 if gpu_sizes else None), "groups_per_step": GROUPS_PER_STEP or (4 if gpu_sizes else None),
+         "group_size": GROUP_SIZE or (6 if gpu_sizes else None)}
 judge = {"judge_model": JUDGE_MODEL if JUDGE_ON else None, "judge_base_url": JUDGE_BASE_URL,
          "judge_api_key": JUDGE_KEY}
-cfg = preset(PRESET, model=MODEL, server=str(SERVER), tool_prefix=TOOL_PREFIX, out=OUT,
+cfg = preset(PRESET, **({"model": MODEL} if MODEL else {}), server=str(SERVER), tool_prefix=TOOL_PREFIX, out=OUT,
              server_tools=SERVER_TOOLS, allow_side_effects=ALLOW_SIDE_EFFECTS,
              rollout={"max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS},
              reward={**judge, "custom": [MY_REWARD]},
-             train={"steps": STEPS, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
-                    "warm_start_scenarios": 0, "seed": SEED,
+             train={**{k: v for k, v in sizes.items() if v is not None}, "warm_start_scenarios": 0, "seed": SEED,
                     "eval_every_split": "test"})  # this notebook's tasks have no val split: the curve uses test
 run = open_run(cfg, fresh=FRESH_RUN)
 cfg, run_dir = run.cfg, run.dir
@@ -290,3 +329,47 @@ if HF_REPO:
     hub.create_repo(HF_REPO, private=True, exist_ok=True)
     hub.upload_folder(folder_path=str(merged), repo_id=HF_REPO)
     print(f"pushed {merged} to https://huggingface.co/{HF_REPO}")
+
+# %% [markdown]
+# ### The agent as an OpenAI-compatible endpoint
+#
+# As in the tutorial: with the portable trainer (`cpu`, `t4-unsloth`) `openai_app` serves the
+# trained policy on a free port on 127.0.0.1 in a thread of its own; with ART (`t4`) vLLM already
+# serves the trained LoRA, so the cell talks to vLLM's own URL. The `openai` client is made in this
+# cell. It sends one held-out task with the server's tools and prints the reply. From a shell:
+# `python -m mcp_rl serve --adapter OUT --port 8000`.
+
+# %%
+import json
+
+from openai import AsyncOpenAI
+
+from mcp_rl import ServerThread, openai_app, tools_json
+
+endpoint = None
+if cfg.train.backend == "art":  # vLLM's server, started by ART: the newest LoRA under the model's name
+    base_url, api_key, served = (trainer.model.inference_base_url, trainer.model.inference_api_key,
+                                 trainer.model.get_inference_name())
+else:
+    endpoint = ServerThread(openai_app(trainer.policy, name="my-agent")).start()
+    base_url, api_key, served = endpoint.base_url, "not-needed", "my-agent"
+client = AsyncOpenAI(base_url=base_url, api_key=api_key or "not-needed")  # made on this cell's loop
+try:
+    reply = await client.chat.completions.create(
+        model=served, tools=json.loads(await tools_json(spec, tool_policy)), max_tokens=cfg.rollout.max_tokens,
+        messages=[{"role": "system", "content": cfg.rollout.system_prompt}, {"role": "user", "content": test[0].task}])
+    message = reply.choices[0].message
+    print(f"served at {base_url} as {served!r}; first reply to {test[0].task!r}:")
+    print("  text:", (message.content or "")[:300])
+    print("  tool calls:", [(c.function.name, c.function.arguments) for c in message.tool_calls or []])
+finally:
+    await client.close()
+    if endpoint is not None:
+        endpoint.stop()
+
+# %% [markdown]
+# ## After a disconnect
+#
+# With `DRIVE = True` (the default on Colab) the run folder and the LLM-written tasks are on your
+# Drive: reconnect, *Runtime → Run all*, and the run continues from its last recorded step (the
+# base evaluation is loaded, not redone). Keep the settings it started with (`FRESH_RUN = False`).

