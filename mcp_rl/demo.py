@@ -12,8 +12,8 @@ from typing import Any
 
 
 def _grounded(result: Any) -> float | None:
-    """The evaluation's grounded success (answer supported by the tool results), where this version records it."""
-    return getattr(result, "grounded_success_rate", None)
+    """The evaluation's grounded success: right, and shown by the episode's tool results (what the reward pays)."""
+    return getattr(result, "grounded_rate", None)
 
 
 def summary(res: dict, cfg: Any, minutes: float, out: str) -> str:

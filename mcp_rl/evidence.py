@@ -21,9 +21,9 @@ from typing import Any
 import art
 
 from mcp_rl.sqlresults import error_text, parse_table
-from mcp_rl.verify import normalize
+from mcp_rl.verify import normalize, shown
 
-__all__ = ["LOOKUPS", "record_lookup", "lookups", "evidence", "values_of", "hack_signals"]
+__all__ = ["LOOKUPS", "record_lookup", "lookups", "evidence", "values_of", "hack_signals", "monitor", "flags", "supported"]
 
 LOOKUPS = "lookups"
 
@@ -138,3 +138,19 @@ def flags(rec: dict, history: list[dict]) -> list[str]:
         if not before or now > 2 * was:
             out.append(f"{key[5:]} {now:.2g} (was {was:.2g})" if before else f"{key[5:]} {now:.2g}")
     return out
+
+
+def supported(traj: art.Trajectory, question: str = "") -> dict[str, bool]:
+    """For an answer with no verified ground truth (a new question): each value it states (its numbers,
+    and its comma-separated parts) -> whether a successful tool result of the episode showed it.
+
+    >>> t = art.Trajectory(messages_and_choices=[], reward=0.0, metadata={"answer": "Engineering, 42"})
+    >>> record_lookup(t, "run_query", {"sql": "SELECT ..."}, "name | n\\n-----+---\\nEngineering | 42\\n(1 row)")
+    >>> supported(t)
+    {'Engineering': True, '42': True}
+    """
+    answer = str(traj.metadata.get("answer") or "")
+    parts = [p.strip(" .") for p in answer.replace(";", ",").replace("\n", ",").split(",")]
+    values = list(dict.fromkeys(p for p in parts if p))
+    ev = evidence(traj)
+    return {v: shown(v, ev, question) for v in values}

@@ -48,11 +48,11 @@ def check_install(cfg: Config, stamp: Path = STAMP) -> None:
     """On a machine the notebooks' install cell set up, refuse a config the installed stack cannot train."""
     stack = stamp.read_text().split()[0] if stamp.is_file() and stamp.read_text().strip() else None
     if stack == "unsloth" and cfg.train.backend == "art":
-        raise ValueError("this config trains through ART + vLLM, but the light install is here (INSTALL = 'unsloth'): "
-                         "set PRESET = 't4-unsloth', or INSTALL = 'art' after Runtime > Disconnect and delete runtime")
+        raise ValueError("this config trains through ART + vLLM, but the light install is here (PRESET = 't4-unsloth'): "
+                         "set PRESET = 't4-unsloth', or PRESET = 't4' after Runtime > Disconnect and delete runtime")
     if stack == "art" and cfg.train.loader == "unsloth":
         raise ValueError("this config (train.loader = 'unsloth') needs the light install, but the ART install is here "
-                         "(its older Unsloth): set PRESET = 't4', or INSTALL = 'unsloth' after Runtime > Disconnect "
+                         "(its older Unsloth): set PRESET = 't4', or PRESET = 't4-unsloth' after Runtime > Disconnect "
                          "and delete runtime")
 
 

@@ -88,15 +88,19 @@ async def audit_before_training(server, train, cfg: Config, run_dir: Path | None
     if cfg.reward.audit_max_success >= 1 or cfg.reward.audit_scenarios == 0:
         _log("reward audit | off (reward.audit_max_success=1.0 or reward.audit_scenarios=0): cheats were not checked")
         return None
-    scenarios = train[: cfg.reward.audit_scenarios] if cfg.reward.audit_scenarios else list(train)
-    report = await audit_reward(server, scenarios, cfg.reward, rollout_config(cfg),
-                                demonstrations=DemonstrationPolicy(scenarios))
+    verified = [s for s in train if s.answer is not None]  # what a cheat could be paid for
+    scenarios = verified[: cfg.reward.audit_scenarios] if cfg.reward.audit_scenarios else verified
+    if not scenarios:
+        _log("reward audit | no training task has a verified answer: the audit needs some (RULER and custom "
+             "rewards are audited on them too)")
+        return None
+    # Demonstrations replay each task's reference query (SQL tools); other servers are audited without them.
+    demos = DemonstrationPolicy(scenarios) if all(s.reference for s in scenarios) else None
+    report = await audit_reward(server, scenarios, cfg.reward, rollout_config(cfg), demonstrations=demos)
     if run_dir is not None and distributed.is_main():
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "reward_audit.md").write_text("# Reward audit\n\n" + report.table() + "\n")
-    worst = max(report.rows, key=lambda r: r.success)
-    _log(f"reward audit | {len(report.rows)} cheats on {len(scenarios)} training scenarios | worst: {worst.name} "
-         f"{worst.success:.1%} | demonstrations {report.demonstrations.success:.0%}")
+    _log(f"reward audit | {len(report.rows)} cheating policies on {len(scenarios)} training scenarios:\n{report.table()}")
     report.check()
     return report
 

@@ -309,6 +309,8 @@ def _holds(text: str, exp: Any, opts: tuple) -> bool:
     if e_num is not None:
         return any(_close(_num(m), e_num, *opts) for m in _NUM_RE.finditer(_DATE_RE.sub(" ", text)))
     e, t = normalize(str(exp)).split(), normalize(text).split()
+    if any(c.isdigit() for c in str(exp)) and re.search(rf"(?<![\d.]){re.escape(str(exp).strip())}(?!\d)", text, re.I):
+        return True  # "09:30" inside "2026-12-06T09:30:00+09:00": normalize would glue "T09" into one word
     return bool(e) and any(t[i:i + len(e)] == e for i in range(len(t) - len(e) + 1))
 
 

@@ -220,6 +220,21 @@ for s in test[:3] + generated[:3]:
     print(f"- {s.task}  ->  {s.answer!r}")
 
 # %% [markdown]
+# ### Check the reward before trusting it
+#
+# RL learns whatever the reward pays for, cheating included. The audit plays policies that do no
+# honest work through the real rollout loop and this run's reward: an empty answer, the question
+# echoed, the most common answer of each type, kitchen sinks of every name or number the server
+# returned, a real lookup followed by a constant, another task's result pasted whole. A cheat may
+# succeed on at most 2% of the training tasks (`cfg.reward.audit_max_success`), or the cell stops.
+# The demonstrations beside them should succeed on every task. About 30 s on a CPU.
+
+# %%
+from mcp_rl import audit_before_training
+
+audit = await audit_before_training(server.spec, train, cfg, run_dir)  # its table: OUT/reward_audit.md
+
+# %% [markdown]
 # ## 4. The model and its trainer
 #
 # `run.trainer()` loads the policy and its trainer, at the step the run has reached. With ART
@@ -297,19 +312,18 @@ state = await run.train(server.spec, train + generated, val, test)
 # ## 9. Evaluate the trained model and see what changed
 #
 # The same held-out scenarios as step 6, greedy. *Verified success* counts a scenario as solved when
-# the final answer matches the answer computed through the server. Where the evaluation also
-# records *grounded success* (the answer is supported by what the tools returned in that episode,
-# not guessed), the cell prints it beside. The report puts the numbers side by side and shows two
+# the final answer matches the answer computed through the server; *grounded success*, what the
+# reward pays, also needs a tool result of that episode to have shown the value (a right guess
+# earns nothing). The transcripts the report picks for "before / after" are grounded wins. The report puts the numbers side by side and shows two
 # held-out scenarios as the base and the trained model handled them.
 
 # %%
 from IPython.display import Image, Markdown, display
 
 trained = await run.evaluate("trained", server.spec, test)
-for r in (base, trained):  # grounded: when this version of mcp_rl records it
-    grounded = getattr(r, "grounded_success_rate", None)
-    print(f"{r.label:>8}: verified success {r.success_rate:.0%} ± {r.success_se:.0%} (n={r.n})"
-          + (f" | grounded success {grounded:.0%}" if grounded is not None else ""))
+for r in (base, trained):
+    print(f"{r.label:>8}: grounded success {r.grounded_rate:.0%} ± {r.grounded_se:.0%} | correct answers "
+          f"{r.success_rate:.0%} (n={r.n})")
 report = run.report(title=f"{cfg.model} on the company MCP server")
 # The plots are shown below as images; their Markdown links only resolve next to the file.
 display(Markdown("\n".join(l for l in report.read_text().splitlines() if not l.startswith("!["))))
@@ -321,21 +335,18 @@ for png in sorted(run_dir.glob("*.png")):
 #
 # A question that is not in the scenario file. Change `QUESTION` and run the cell again. It has
 # no verified answer, so read the transcript: an answer is only as good as the tool results above
-# it. Where this version of mcp_rl scores it, the cell also says whether the answer is *grounded*
-# (supported by what the tools returned).
+# it. The cell also says which values of the answer a successful tool result showed (`supported`).
 
 # %%
 import dataclasses
 
-from mcp_rl import Scenario
+from mcp_rl import Scenario, supported
 
 QUESTION = "Which department has the most employees, and how many does it have?"
 ask = await rollout(trainer.policy, server.spec, Scenario(id="ask", task=QUESTION),
                     dataclasses.replace(cfg.rollout, temperature=0.0))
-score_trajectory(ask, Scenario(id="ask", task=QUESTION), cfg.reward)
 print(transcript(ask))
-if "grounded" in ask.metrics:
-    print("grounded in the tool results:", "yes" if ask.metrics["grounded"] else "no")
+print("shown by a tool result:", supported(ask, QUESTION) or "(no answer)")
 
 # %% [markdown]
 # ## 11. Export the agent

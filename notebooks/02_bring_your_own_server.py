@@ -274,6 +274,20 @@ cfg, run_dir = run.cfg, run.dir
 print(f"{cfg.model} | {cfg.train.backend} trainer | tool_prefix {cfg.tool_prefix} | judge {cfg.reward.judge_model}")
 
 # %% [markdown]
+# ### Check the reward before trusting it
+#
+# The same audit as the tutorial's: policies that do no honest work (no lookups, constants, kitchen
+# sinks, pasted results), played through the real loop and scored by this run's reward, your
+# function included. On tasks with an answer, none may succeed on more than 2% of them, or the cell
+# stops and names the cheat. Read its mean-reward column too: a cheat that earns much of what honest
+# episodes earn is what RL will learn.
+
+# %%
+from mcp_rl import audit_before_training
+
+audit = await audit_before_training(spec, train, cfg, run_dir)
+
+# %% [markdown]
 # ## 4. Load the model and read one rollout
 #
 # The warm start of the tutorial replays SQL demonstrations, which this server has no use for:

@@ -27,7 +27,7 @@ def result(success, completed, errors=1.0, **extra):
     # the format was not learned: no claim that the warm start taught it
     (result(0.0, 0.0), result(0.0, 0.0), ["the tool-call format: 0% of held-out episodes"], ["taught"]),
     # an evaluation that records grounded success gets its column
-    (result(0.0, 0.0, grounded_success_rate=0.0), result(1 / 12, 0.67, grounded_success_rate=1 / 12),
+    (result(0.0, 0.0, grounded_rate=0.0), result(1 / 12, 0.67, grounded_rate=1 / 12),
      ["grounded success 0.0% -> 8.3%", "base 0.0% -> trained 8.3%"], []),
 ])
 def test_the_demo_says_what_it_checked_and_what_it_cannot_show(base, trained, says, never):

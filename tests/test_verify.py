@@ -155,6 +155,10 @@ EVIDENCE_CASES = [
     ("Yes", True, "Is anyone remote?", [("3", "SELECT COUNT(*) FROM employees WHERE remote")], 1.0),
     ("Yes", True, "Is anyone remote?", [], 0.0),
     ("Alice, Bob", ["Alice", "Bob"], "Who?", [("Alice", "q1")], 2 / 4),          # only Alice was seen
+    # a time inside a timestamp (mcp-server-time's convert_time, notebook 02)
+    ("18:30", "18:30", "It is 09:30 in Asia/Tokyo. What time is it in Asia/Kolkata? Answer as HH:MM.",
+     [('{"target": {"datetime": "2026-12-06T18:30:00+05:30"}}', '{"time": "09:30"}')], 1.0),
+    ("18:30", "18:30", "It is 09:30 in Asia/Tokyo. What time?", [('{"datetime": "2026-12-06T08:30:00"}', "{}")], 0.0),
 ]
 
 
