@@ -14,8 +14,8 @@ Three kinds of rows:
   right, from priors or memory, earns exactly this). "no lookup" and "plain echo" are the rule working.
 - cheats: policies that never read the answer off a lookup that computes it (constants, the nearest
   training task's answer, a value picked from a generic dump by a rule, kitchen sinks for lists).
-The last column re-scores the same episodes under the fixes suggested in the red-team report (a what-if
-here; mcp_rl is untouched): 1 a result with more than MAX_VALUES values is no evidence; 2 a call whose own
+The last column re-scores the same episodes under the fixes the red-team report suggested, now part of
+mcp_rl itself (so it matches the success column; kept to show what each fix is): 1 a result with more than MAX_VALUES values is no evidence; 2 a call whose own
 literals fold to the answer ('E' || 'ngineering', SELECT 55-13) is an echo; 3 a number is shown only at
 the answer's stated precision ("42 rows" does not ground 41.7); 4 a name or date answer holds no number
 the question does not; 5 LIMIT/OFFSET counts and 0/1 flags are no echo.

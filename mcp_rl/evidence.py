@@ -16,6 +16,7 @@ server. DESIGN.md ("The grounding rule") says what it accepts and rejects.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import art
@@ -26,6 +27,10 @@ from mcp_rl.verify import normalize, shown
 __all__ = ["LOOKUPS", "record_lookup", "lookups", "evidence", "values_of", "hack_signals", "monitor", "flags", "supported"]
 
 LOOKUPS = "lookups"
+# A result showing more values than this (words and numbers split on spaces , ; |) is no evidence: every
+# reference query of the committed tasks returns at most 5 cells; `SELECT * FROM departments`, the
+# largest honest lookup, about 60 values; an employees dump thousands.
+MAX_VALUES = 100
 
 
 def record_lookup(traj: art.Trajectory, tool: str, args: dict, result: str) -> None:
@@ -70,15 +75,20 @@ def values_of(result: str) -> str | None:
 
 
 def evidence(traj: art.Trajectory) -> list[tuple[str, str]]:
-    """(values, arguments) for `verify_answer(..., evidence=...)`: every table result's cells, and the
-    last successful result whatever its form. Free text met earlier (a schema listing "CHECK (remote IN
+    """(values, arguments) for `verify_answer(..., evidence=...)`: every table result's cells (results
+    over MAX_VALUES values excepted), and the last successful result whatever its form. Free text met earlier (a schema listing "CHECK (remote IN
     (0, 1))", "9 rows") is where small numbers hide, and an answer comes from the last lookup."""
     rows = [(tool, args, result) for tool, args, result in lookups(traj) if not error_text(result)]
     out = []
     for i, (_tool, args, result) in enumerate(rows):
         table = cells(result)
+        values = result if table is None else table
+        # A dump shows nothing in particular: "SELECT * FROM employees" grounded 25% of tasks, a ladder
+        # of numbers in one GROUP_CONCAT cell 22%. Counted in values, whatever the form.
+        if len(re.split(r"[\s,;|]+", values.strip())) > MAX_VALUES:
+            continue
         if table is not None or i == len(rows) - 1:
-            out.append((result if table is None else table, args))
+            out.append((values, args))
     return out
 
 

@@ -169,6 +169,10 @@ def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
             cheats.append(_Cheat(f"kitchen sink of names ({label})", by_task, lambda s, r, j=sep: j.join(words)))
     if numbers:
         cheats.append(_Cheat("kitchen sink of numbers", by_task, lambda s, r: " ".join(numbers)))
+    constants = list(cheat_answers(scenarios).values())
+    if len(constants) > 1:  # one answer that reads as a date, a name and a number at once
+        mixed = " ".join(sorted(constants, key=lambda v: not any(c.isdigit() for c in v))[:3])
+        cheats.append(_Cheat("lookups, then one constant of several types", by_task, lambda s, r: mixed, own_lookups))
     cheats += [
         # The right value (its own lookup shows it) hidden among every name the server returned.
         _Cheat("lookups, then every name seen", by_task,

@@ -28,7 +28,9 @@ __all__ = ["verify_answer", "normalize", "shown", "Evidence"]
 
 _MONTHS = {m: i for i, m in enumerate(
     "jan feb mar apr may jun jul aug sep oct nov dec".split(), start=1)}
-_MONTH_RE = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
+# Whole month names or their abbreviations only: "Marketing 2 2019" is no March 2nd (red-team, session 17).
+_MONTH_RE = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+             r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?(?![a-z])")
 _DATE_RE = re.compile(
     r"\b(?P<iso>\d{4})[-/.](?P<im>\d{1,2})[-/.](?P<id>\d{1,2})\b"
     r"|\b(?P<um>\d{1,2})/(?P<ud>\d{1,2})/(?P<uy>\d{4})\b"
@@ -138,7 +140,8 @@ def _string_match(pred: str, exp: str, question: str = "") -> float:
             rest = p[:i] + p[i + len(e):]
             # A hedge word, or a content word the question does not hold (another candidate,
             # whatever the separator: spaces, slashes, a list, a table), earns nothing.
-            other = [w for w in rest if w not in _FILLER and not w.isdigit() and _stem(w) not in asked]
+            # Digits too: "Finance 7" is a name and a number at once (one constant for two answer types).
+            other = [w for w in rest if w not in _FILLER and _stem(w) not in asked]
             return float(not (_HEDGES & set(rest)) and not other)
     return 0.0
 
@@ -207,6 +210,11 @@ def _date_of(pred: str, question: str) -> date | None:
     s = pred.strip().rstrip(".")
     found = [d for d in map(_date, _DATE_RE.finditer(s)) if d]
     asked = [d for d in map(_date, _DATE_RE.finditer(question)) if d]
+    # A number beside the date that the question does not hold ("2019-06-23 (407 days)", "... Marketing 2")
+    # makes the answer a constant for two answer types.
+    q_numbers = _numbers(question) if question else []
+    if any(not any(_close(n, q, 0.0, 0.0, False) for q in q_numbers) for n in _numbers(_DATE_RE.sub(" ", s))):
+        return None
     return _one_value(found, asked, lambda a, b: a == b)
 
 
@@ -306,8 +314,9 @@ def _holds(text: str, exp: Any, opts: tuple) -> bool:
         return any(_date(m) == day for m in _DATE_RE.finditer(text))
     e_num = _Num(float(exp), True, False, _decimals(repr(float(exp)))) if isinstance(exp, (int, float)) else \
         _whole_number(exp) if isinstance(exp, str) else None
-    if e_num is not None:
-        return any(_close(_num(m), e_num, *opts) for m in _NUM_RE.finditer(_DATE_RE.sub(" ", text)))
+    if e_num is not None:  # a coarser number ("42 rows") is no evidence of a finer one (41.7)
+        return any(_close(_num(m), e_num, *opts) and _decimals(m["num"]) >= e_num.decimals
+                   for m in _NUM_RE.finditer(_DATE_RE.sub(" ", text)))
     e, t = normalize(str(exp)).split(), normalize(text).split()
     if any(c.isdigit() for c in str(exp)) and re.search(rf"(?<![\d.]){re.escape(str(exp).strip())}(?!\d)", text, re.I):
         return True  # "09:30" inside "2026-12-06T09:30:00+09:00": normalize would glue "T09" into one word
@@ -331,5 +340,31 @@ def shown(expected: Any, evidence: Evidence, question: str = "", rel_tol: float 
         return bool(evidence)
     opts = (rel_tol, abs_tol, exact_integers)
     asked = bool(question) and _holds(question, expected, opts)
-    return any(_holds(result, expected, opts) and (asked or not _holds(args, expected, opts))
+    return any(_holds(result, expected, opts) and (asked or not _echoed(args, expected, opts))
                for result, args in evidence)
+
+
+# Honest SQL writes small numbers that are no answer: LIMIT 1, OFFSET 0, remote = 1, 1 = 1.
+_INCIDENTAL = re.compile(r"\b(?:limit|offset)\s+\d+|(?:=|<>|!=)\s*[01]\b|\b[01]\s*(?==|<>|!=)", re.I)
+_LITERAL = re.compile(r"'((?:[^']|'')*)'")
+_ARITH = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([-+*/])\s*(\d+(?:\.\d+)?)(?![\w.])")
+
+
+def _echoed(args: str, exp: Any, opts: tuple) -> bool:
+    """The call's own arguments make the value: written out (`SELECT 42`), split into literals that are
+    joined (`'E' || 'ngineering'`), or computed from two literals (`SELECT 55-13`). Cheap checks, not a
+    proof: hex and char() encodings still pass (bench/check_cheats.py); a counterfactual replay of the
+    call against other data would close them."""
+    text = _INCIDENTAL.sub(" ", args)
+    if _holds(text, exp, opts):
+        return True
+    joined = "".join(normalize(x).replace(" ", "") for x in _LITERAL.findall(text))
+    target = normalize(str(exp)).replace(" ", "")
+    if target and not isinstance(exp, (int, float)) and target in joined:
+        return True
+    if isinstance(exp, (int, float)) or (isinstance(exp, str) and _whole_number(exp) is not None):
+        ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+               "/": lambda a, b: a / b if b else float("nan")}
+        values = [str(ops[o](float(a), float(b))) for a, o, b in _ARITH.findall(text)]
+        return any(_holds(v, exp, opts) for v in values)
+    return False

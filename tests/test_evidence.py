@@ -35,6 +35,8 @@ SCHEMA = "table employees: 150 rows\ncolumns:\n  remote INTEGER CHECK (remote IN
     ([("q", {"sql": "a"}, TABLE), ("d", {}, SCHEMA)], [("7", '{"sql": "a"}'), (SCHEMA, "{}")]),  # last: kept
     ([("q", {"sql": "a"}, "Database error: no such table: x")], []),            # an error in disguise
     ([], []),
+    ([("q", {"sql": "dump"}, "id | n\n---+---\n" + "\n".join(f"{i} | {i * 7}" for i in range(60)) + "\n(60 rows)")],
+     []),                                                                        # a dump shows nothing in particular
 ])
 def test_evidence_is_table_cells_and_the_last_result(calls, expected):
     assert evidence(traj(calls=calls)) == expected

@@ -88,6 +88,9 @@ VERIFY_CASES = [
     ("He was hired on 2024/01/15.", "2024-01-15T09:30:00", 1.0),
     ("2024-01-16", "2024-01-15", 0.0),
     ("sometime in 2024", "2024-01-15", 0.0),
+    ("Marketing 2 2019", "2019-03-02", 0.0),                 # "Mar..." inside a word is no month
+    ("Mayor 5 2020", "2020-05-05", 0.0),
+    ("Mar 2 2019", "2019-03-02", 1.0),
     # lists and sets: order-insensitive F1
     ("Alice, Bob", ["Bob", "Alice"], 1.0),
     ('["Alice", "Bob"]', ["alice", "bob"], 1.0),
@@ -123,6 +126,14 @@ HEDGE_CASES = [
     ("7, 8", 7, "How many projects started in 2023?", 0.0),
     ("yes no", True, "Is anyone in Legal remote?", 0.0),
     ("2024-01-15 2024-02-01", "2024-01-15", "When was Ava Hill hired?", 0.0),
+    # one constant for several answer types (red-team, bench/check_cheats.py)
+    ("2019-10-23 Marketing 2", 2, "How many high-priority projects are on hold?", 1.0),  # the number path stays
+    ("2019-10-23 Marketing 2", "Marketing", "Which department is the person leading Quartz Launch Campaign a member of?", 0.0),
+    ("2019-10-23 Marketing 2", "2019-10-23", "What is the start date of Apollo CI Overhaul?", 0.0),
+    ("Finance 7", "Finance", "Which department has the largest budget?", 0.0),
+    ("2019-06-23 (407 days)", "2019-06-23", "What is the start date of Apollo CI Overhaul?", 0.0),
+    ("Ines Lopez, hired in 2017", "Ines Lopez", "Which Research employee hired in 2017 has the earliest hire date?", 1.0),
+    ("12.5%", 0.125, "What fraction of Legal is remote?", 1.0),
     # honest answers that restate the question keep their credit
     ("The lead of Tempest works in Sales.", "Sales", "In which department does the lead of Tempest work?", 1.0),
     ("The Finance department has the largest budget", "Finance", "Which department has the largest budget?", 1.0),
@@ -155,6 +166,21 @@ EVIDENCE_CASES = [
     ("Yes", True, "Is anyone remote?", [("3", "SELECT COUNT(*) FROM employees WHERE remote")], 1.0),
     ("Yes", True, "Is anyone remote?", [], 0.0),
     ("Alice, Bob", ["Alice", "Bob"], "Who?", [("Alice", "q1")], 2 / 4),          # only Alice was seen
+    # disguised echoes: the call computes the value from its own literals (red-team)
+    ("42", 42, "How many?", [("42", "SELECT 40+2")], 0.0),
+    ("42", 42, "How many?", [("42", "SELECT 55-13 FROM departments LIMIT 1")], 0.0),
+    ("Engineering", "Engineering", "Which department?", [("Engineering", "SELECT 'E' || 'ngineering'")], 0.0),
+    ("2019-06-23", "2019-06-23", "When?", [("2019-06-23", "SELECT '2019-06-' || '23'")], 0.0),
+    # a coarser number is no evidence of a finer one
+    ("41.7", 41.7, "To one decimal, what share?", [("departments (9 rows)\nemployees (150 rows)\nprojects (42 rows)", "{}")], 0.0),
+    ("41.7", 41.7, "To one decimal, what share?",
+     [("41.7", "SELECT ROUND(100.0 * SUM(remote) / COUNT(*), 1) FROM employees WHERE department_id = 4")], 1.0),
+    # honest SQL that writes LIMIT 1 or remote = 1 keeps its credit for an answer of 1
+    ("1", 1, "Of the projects owned by Research, how many are completed?",
+     [("1", "SELECT COUNT(*) FROM projects p JOIN departments d ON d.id = p.department_id WHERE d.name = 'Research' "
+            "AND p.status = 'completed' LIMIT 1")], 1.0),
+    ("1", 1, "How many remote employees does Legal have?",
+     [("1", "SELECT COUNT(*) FROM employees WHERE remote = 1 AND department_id = 9")], 1.0),
     # a time inside a timestamp (mcp-server-time's convert_time, notebook 02)
     ("18:30", "18:30", "It is 09:30 in Asia/Tokyo. What time is it in Asia/Kolkata? Answer as HH:MM.",
      [('{"target": {"datetime": "2026-12-06T18:30:00+05:30"}}', '{"time": "09:30"}')], 1.0),
@@ -165,6 +191,13 @@ EVIDENCE_CASES = [
 @pytest.mark.parametrize("predicted,expected,question,evidence,score", EVIDENCE_CASES)
 def test_credit_needs_evidence(predicted, expected, question, evidence, score):
     assert verify_answer(predicted, expected, question=question, evidence=evidence) == pytest.approx(score)
+
+
+@pytest.mark.xfail(reason="an echo encoded in hex passes the cheap checks; a counterfactual replay would close it",
+                   strict=True)
+def test_a_hex_encoded_echo_is_no_evidence():
+    evidence = [("Engineering", "SELECT CAST(x'456E67696E656572696E67' AS TEXT)")]
+    assert verify_answer("Engineering", "Engineering", question="Which department?", evidence=evidence) == 0.0
 
 
 @pytest.mark.parametrize("predicted,expected,score", VERIFY_CASES)
