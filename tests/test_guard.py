@@ -179,7 +179,7 @@ def test_filter_tools_takes_mcp_and_openai_shapes():
 
 
 def test_config_fields_make_the_rollout_policy_and_are_recorded():
-    cfg = preset("cpu", server_tools=["list_tables", "run_query"], deny_tools="describe_table")
+    cfg = preset("cpu", server_tools=["list_tables", "run_query"], deny_tools=["describe_table"])
     assert cfg.rollout.tool_policy == ToolPolicy(allow=["list_tables", "run_query"], deny=["describe_table"])
     assert cfg.deny_tools == ["describe_table"]
     data = to_dict(cfg)
