@@ -1,7 +1,7 @@
 """Command line: `python -m mcp_rl COMMAND --help`.
 
     python -m mcp_rl tools --server "python mcp_server.py" [--json]   # each tool's side-effect class
-    python -m mcp_rl scenarios --server mcp_server.py --generator grounded --n 300 --out data/scenarios.jsonl
+    python -m mcp_rl scenarios --server mcp_server.py --generator grounded --n 500 --out data/scenarios.jsonl
     python -m mcp_rl rollout --server mcp_server.py --model smollm2 --task "How many employees are there?"
     python -m mcp_rl eval --server company --scenarios data/scenarios.jsonl [--model smollm2] [--adapter RUN|DIR]
     python -m mcp_rl audit-reward --split test [--no-evidence]   # can a policy that looks nothing up earn reward?
