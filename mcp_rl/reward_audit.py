@@ -213,11 +213,11 @@ async def audit_reward(server, scenarios: Sequence[Any], reward_cfg: RewardConfi
 
 
 async def _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold) -> AuditReport:
-    demo_groups = (await gather_rollouts(demonstrations, server, scenarios, rcfg, desc="audit: demonstrations")
+    demo_groups = (await gather_rollouts(demonstrations, server, scenarios, rcfg, desc="audit: demonstrations", leave=False)
                    if demonstrations is not None else [art.TrajectoryGroup([]) for _ in scenarios])
     demo_results = [r for g in demo_groups for t in g.trajectories for _, _, r in lookups(t)]
     cheats = _battery(scenarios, getattr(demonstrations, "plan", None), demo_results)
-    played = [await gather_rollouts(c, server, scenarios, rcfg, desc=f"audit: {c.name}") for c in cheats]
+    played = [await gather_rollouts(c, server, scenarios, rcfg, desc=f"audit: {c.name}", leave=False) for c in cheats]
     wins: dict[str, list[bool]] = {"demonstrations": [], **{c.name: [] for c in cheats}}
     rewards: dict[str, list[float]] = {k: [] for k in wins}
     examples: dict[str, str] = {}

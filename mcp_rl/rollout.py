@@ -245,14 +245,14 @@ async def rollout(policy, server, scenario, cfg: RolloutConfig | None = None) ->
 
 async def gather_rollouts(
     policy, server, scenarios, cfg: RolloutConfig | None = None, *,
-    group_size: int = 1, desc: str = "rollouts",
+    group_size: int = 1, desc: str = "rollouts", leave: bool = True,
 ) -> list[art.TrajectoryGroup]:
     """`group_size` rollouts of every scenario, at most `cfg.concurrency` in flight,
     each with its own MCP session. Returns one TrajectoryGroup per scenario, in order.
     A ToolPolicyError (the side-effect guard) from the first session stops the rest and is raised."""
     cfg = cfg or RolloutConfig()
     gate = asyncio.Semaphore(cfg.concurrency)
-    bar = tqdm(total=len(scenarios) * group_size, desc=desc, leave=True)  # stays: a record of each step
+    bar = tqdm(total=len(scenarios) * group_size, desc=desc, leave=leave)  # stays by default: a record of each step
 
     async def one(scenario) -> art.Trajectory:
         async with gate:
