@@ -253,6 +253,14 @@ def _swap(value: Any, sub: Any) -> Any:
     return value
 
 
+def _joined(m: Any) -> Any:
+    """An untrusted message whose content is a list of text parts, as one string (what templates render)."""
+    parts = m.get("content") if isinstance(m, dict) and m.get("role") != "assistant" else None
+    if isinstance(parts, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+        return {**m, "content": "".join(str(p.get("text", "")) for p in parts)}
+    return m
+
+
 def chat_ids(tokenizer: Any, messages: list, tools: list[dict] | None = None, **template_kw: Any) -> list[int]:
     """`apply_chat_template(messages, tools=tools, tokenize=True)`'s ids, except that text a tool, a user
     or a system prompt wrote (and tool schemas: an MCP server writes their descriptions) is tokenized as
@@ -280,6 +288,9 @@ def chat_ids(tokenizer: Any, messages: list, tools: list[dict] | None = None, **
             at = b
         return "".join(out) + text[at:]
 
+    # Text parts of one message are joined first: hidden one part at a time, "42<|im_" + "end|>" would
+    # only meet as a control token once the template joins them (a served request's content parts).
+    messages = [_joined(m) for m in messages]
     trusted = [isinstance(m, dict) and m.get("role") == "assistant" for m in messages]
     used: set[str] = set()
     _swap([[m for m in messages if isinstance(m, dict)], tools], used.update)  # every character of every string

@@ -23,10 +23,10 @@ from typing import Any, Iterator
 
 import torch
 
-from .manifest import check_safetensors, verify_manifest, write_manifest
+from .manifest import MANIFEST, CheckpointCorrupt, check_safetensors, verify_manifest, write_manifest
 
 STATE_FILE = "trainer_state.json"
-_FORMAT = 1
+_FORMAT = 2  # 2: every save writes manifest.json, so a format-2 checkpoint without one is damaged
 
 
 @contextlib.contextmanager
@@ -116,10 +116,14 @@ class Checkpoints:
         if not (path / STATE_FILE).is_file() or not (path / "adapter").is_dir():
             raise FileNotFoundError(f"{path} is not a PortableTrainer checkpoint (no {STATE_FILE} or adapter/); "
                                     "pass a folder written by trainer.save()")
+        state = json.loads((path / STATE_FILE).read_text())
         if not verify_manifest(path):  # a checkpoint saved before manifests: the check needing no record
+            if state.get("format", 1) >= 2:
+                raise CheckpointCorrupt(f"{path} has no {MANIFEST}, which every checkpoint of this version writes "
+                                        "(a partial copy?): copy it again from where it was written, or use an "
+                                        "earlier checkpoint")
             for f in (path / "adapter").glob("*.safetensors"):
                 check_safetensors(f)
-        state = json.loads((path / STATE_FILE).read_text())
         weights = load_peft_weights(str(path / "adapter"), device=str(self.device))
         try:
             result = set_peft_model_state_dict(self.model, weights)

@@ -25,7 +25,7 @@ from typing import Any
 
 from .art_backend import STATE_FILE as ART_STATE
 from .local_policy import SMOLLM2
-from .manifest import ART_PREFIX, MANIFEST, check_safetensors, verify_manifest
+from .manifest import ART_PREFIX, MANIFEST, CheckpointCorrupt, check_safetensors, verify_manifest
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,13 @@ EXPECTED = ("expected a run folder (checkpoints/step-N/ inside), a checkpoint fo
 _STEP = re.compile(r"(?:step-)?(\d+)")  # ours (step-0003) and ART's own (0003); not step-0003.tmp-xyz
 
 
+def _format(state: Path) -> int:
+    try:
+        return int(json.loads(state.read_text()).get("format", 1))
+    except (ValueError, TypeError, AttributeError):
+        return 1  # an unreadable record: the safetensors check below still runs
+
+
 def _checked(adapter: Path, art_record: Path | None = None) -> Path:
     """`adapter`, once its files match the manifest saved with them (CheckpointCorrupt otherwise)."""
     if not any((adapter / w).is_file() for w in ADAPTER_WEIGHTS):
@@ -49,6 +56,10 @@ def _checked(adapter: Path, art_record: Path | None = None) -> Path:
         verified = verify_manifest(adapter.parent, only="adapter/")
     else:
         verified = verify_manifest(adapter)
+        state = adapter.parent / "trainer_state.json"
+        if not verified and adapter.name == "adapter" and state.is_file() and _format(state) >= 2:
+            raise CheckpointCorrupt(f"{adapter.parent} has no {MANIFEST}, which every checkpoint of this version "
+                                    "writes (a partial copy?): copy it again, or use an earlier checkpoint")
     if not verified:
         for f in adapter.glob("*.safetensors"):
             check_safetensors(f)

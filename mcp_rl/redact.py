@@ -46,8 +46,9 @@ _ENV = re.compile(r"(?<![?&\w])(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<val>[^\s&]+)
 _KNOWN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{20,}|sk-[A-Za-z0-9_\-]{16,}"
                     r"|xox[abposr]-[A-Za-z0-9\-]{10,}|hf_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}"
                     r"|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)")
-# Authorization: Bearer abc
-_BEARER = re.compile(r"(?P<pre>\b(?:bearer|basic)\s+)(?P<val>[A-Za-z0-9._~+/=\-]{8,})", re.I)
+# Authorization: Bearer abc, X-Api-Key: abc (a --header value of a stdio spec too)
+_BEARER = re.compile(r"(?P<pre>\b(?:bearer|basic)\s+)(?P<val>[A-Za-z0-9._~+/=\-]{3,})", re.I)
+_HEADER = re.compile(r"(?P<pre>\b(?:x-api-key|api-key|x-auth-token|authorization)\s*:\s*)(?!bearer\b|basic\b)(?P<val>[^\s'\"]+)", re.I)
 
 
 def _flag(m: re.Match) -> str:
@@ -74,6 +75,7 @@ def redact(text: Any) -> str:
     s = _QUERY.sub(lambda m: m["pre"] + MASK, s)
     s = _FLAG.sub(_flag, s)
     s = _ENV.sub(lambda m: f"{m['name']}={MASK}" if _secret_name(m["name"]) else m[0], s)
+    s = _HEADER.sub(lambda m: m["pre"] + MASK, s)
     s = _BEARER.sub(lambda m: m["pre"] + MASK, s)
     return _KNOWN.sub(MASK, s)
 

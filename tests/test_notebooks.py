@@ -458,7 +458,7 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
             third.append(cell_text(nb.cells[i]))
     print(f"tutorial executed three ways in {time.monotonic() - start:.0f} s")
     assert "judge: off (no key or endpoint)" in first and "not on Colab" in first
-    assert re.search(r"base: success [\d.]+%", first) and re.search(r"trained: success [\d.]+%", first)
+    assert re.search(r"base: grounded success [\d.]+%", first) and re.search(r"trained: grounded success [\d.]+%", first)
     assert re.search(r"step 1/1 \| reward", first) and "policy at step 0" in first
     assert "What changed" in (run / "report.md").read_text() and (run / "eval_bars.png").is_file()
     assert (run / "merged" / "config.json").is_file() and (run / "ollama" / "Modelfile").is_file()
@@ -473,7 +473,7 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
     rows = [json.loads(line) for line in (run / "eval_base.jsonl").read_text().splitlines()]
     assert {r["policy_step"] for r in rows} == {0}  # "base" is the step-0 model
 
-    assert "new run" in third[0] and "step 0" in third[2] and re.search(r"base: success [\d.]+%", third[3])
+    assert "new run" in third[0] and "step 0" in third[2] and re.search(r"base: grounded success [\d.]+%", third[3])
     fresh = [d for d in tmp_path.iterdir() if d.name.startswith("run-")]
     assert len(fresh) == 1 and json.loads((fresh[0] / "state.json").read_text())["step"] == 1
     assert load(NOTEBOOKS[0]).cells[0].source == nb.cells[0].source  # the committed notebook is untouched
@@ -491,7 +491,7 @@ def test_bring_your_own_server_runs_on_cpu(tmp_path, venv_kernel):
         kernel_name=venv_kernel, cwd=str(ROOT), progress_bar=False, execution_timeout=300)
     text = stream_text(out)
     assert "judge: off" in text and "a smoke run" in text
-    assert re.search(r"base: success [\d.]+%", text) and re.search(r"trained: success [\d.]+%", text)
+    assert re.search(r"base: grounded success [\d.]+%", text) and re.search(r"trained: grounded success [\d.]+%", text)
     assert "your reward (time_from_tool):" in text
     # The guard's message for the notebook's two-tool server, then its allowlist.
     assert "refused: refusing to offer the agent tools with side effects: delete_notes" in text

@@ -22,6 +22,8 @@ CASES = [
     ("https://h/sk-abcdefghijklmnopqrstu/mcp", "https://h/***/mcp"),
     ("srv --passphrase X --client-secret=Y --mysecret Z", "srv --passphrase *** --client-secret=*** --mysecret ***"),
     ("DB_PASS=x srv", "DB_PASS=*** srv"),
+    ("npx srv --header 'Authorization: Bearer TOK111'", "npx srv --header 'Authorization: Bearer ***'"),  # probe, round 2
+    ("srv --header 'X-Api-Key: abc123'", "srv --header 'X-Api-Key: ***'"),
     # nothing secret: left alone
     ("python mcp_server.py --transport http --port 8000", "python mcp_server.py --transport http --port 8000"),
     ("--keyword x --pattern y --max-tokens 9", "--keyword x --pattern y --max-tokens 9"),

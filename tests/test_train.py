@@ -470,23 +470,29 @@ def test_under_torch_distributed_each_ranks_gpu_peak_is_in_the_metrics(tiny_poli
 @pytest.mark.parametrize("damage, manifest, says", [
     ("zero", True, "is not the file saved"),
     ("cut", True, "bytes, not the"),
-    ("cut", False, "header says"),  # saved before manifests: the check that needs none
+    ("cut", False, "header says"),  # saved before manifests (format 1): the check that needs none
+    ("zero", "dropped", "has no manifest.json"),  # a format-2 checkpoint whose manifest a partial copy lost
 ])
 def test_load_refuses_a_checkpoint_that_is_not_as_saved(tiny_trainer, tmp_path, damage, manifest, says):
+    import json
+
     from mcp_rl.manifest import MANIFEST, CheckpointCorrupt
 
     trainer = tiny_trainer()
     trainer.save(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / MANIFEST).is_file()
     assert tiny_trainer().load(tmp_path / "ckpt")["step"] == 0  # as saved: loads
-    if not manifest:
+    if manifest is not True:
         (tmp_path / "ckpt" / MANIFEST).unlink()
+    if manifest is False:  # as an older version wrote it
+        state = tmp_path / "ckpt" / "trainer_state.json"
+        state.write_text(json.dumps({**json.loads(state.read_text()), "format": 1}))
     weights = tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors"
     data = weights.read_bytes()
     # lora_B starts as zeros (peft): zero a block of the random lora_A weights, as a crash zeroes a tail
     at = next(i for i in range(len(data) // 4, len(data), 64) if any(data[i:i + 64]))
     weights.write_bytes(data[:at] + b"\0" * 64 + data[at + 64:] if damage == "zero" else data[: len(data) // 2])
-    with pytest.raises(CheckpointCorrupt, match=f"adapter_model.safetensors .*{says}") as e:
+    with pytest.raises(CheckpointCorrupt, match=says if manifest == "dropped" else f"adapter_model.safetensors .*{says}") as e:
         tiny_trainer().load(tmp_path / "ckpt")
     assert "\n" not in str(e.value)
 
