@@ -99,11 +99,11 @@ class LocalPolicy:
         self.generate_calls = 0  # how many batched decodes served requests (tests, benchmarks)
         # Where sampling time goes, summed over every batched decode (pipeline.train_step logs each
         # step's share): the rows' real and left-padded prompt tokens, decode steps, the seconds in
-        # prefill and in the decode loop, and the seconds requests waited to join a batch.
-        # With reuse_prefix, `prefill_tokens` (columns the prefill computed) drops below padded_prompt_tokens
-        # by about `reused_tokens` (those copied from earlier turns instead).
+        # prefill and in the decode loop, and the seconds requests waited to join a batch. With
+        # reuse_prefix, the prompt columns prefilled fall below the padded ones by about those copied
+        # from earlier turns (reused_tokens); keep_s is the copying out of this turn's rows.
         self.decode_stats = dict.fromkeys(("rows", "prompt_tokens", "padded_prompt_tokens", "prefill_tokens",
-                                           "reused_tokens", "decode_steps", "prefill_s", "decode_s",
+                                           "reused_tokens", "decode_steps", "prefill_s", "decode_s", "keep_s",
                                            "queue_wait_s"), 0.0)
         self.prefix_cache = PrefixCache(int(prefix_cache_gib * 2**30)) if reuse_prefix else None
         self.last_batch_size = 0
@@ -252,8 +252,13 @@ class LocalPolicy:
                     logits = decoder.step(tok, width + t)
                     fed += 1
             new, new_lp = tokens.tolist(), lps.tolist()
-            if plan is not None:
-                self._keep_prefixes(decoder, reqs, plan, new, width, fed, version)
+            decoded = time.monotonic()
+            if plan is not None and self._weights_version() != version:  # updated mid-decode: mixed states
+                self.prefix_cache.clear()
+            elif plan is not None:  # each row's ids that went through the model, from its first column on
+                self.prefix_cache.keep(plan, [None if r.future.cancelled() else (
+                    r.prompt_ids + new[i][:min(self._end(new[i], r.max_new), fed)], width - len(r.prompt_ids))
+                    for i, r in enumerate(reqs)], decoder.kept)
         stats = self.decode_stats
         stats["rows"] += n
         stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in reqs)
@@ -262,28 +267,12 @@ class LocalPolicy:
         stats["reused_tokens"] += plan.reused if plan else 0
         stats["decode_steps"] += t + 1
         stats["prefill_s"] += prefilled - start
-        stats["decode_s"] += time.monotonic() - prefilled
+        stats["decode_s"] += decoded - prefilled
+        stats["keep_s"] += time.monotonic() - decoded
         stats["queue_wait_s"] += sum(start - r.queued for r in reqs)
         self.generate_calls += 1
         self.last_batch_size = n
         return [self._choice(r, new[i], new_lp[i], forced[i]) for i, r in enumerate(reqs)]
-
-    def _keep_prefixes(self, decoder: Any, reqs: list[_Request], plan: Any, new: list, width: int, fed: int,
-                       version: tuple) -> None:
-        """Keep each answered row's prompt and fed sampled ids, with their keys and values, for its next turn.
-
-        A row's entry replaces the one it extended (its previous turn); a row whose caller gave up leaves
-        neither. States from a decode during which the weights changed are mixed: none are kept."""
-        cache = self.prefix_cache
-        if self._weights_version() != version:
-            cache.clear()
-            return
-        for i, r in enumerate(reqs):
-            cache.drop(plan.matched[i])
-            if not r.future.cancelled():
-                kept = min(self._end(new[i], r.max_new), fed)
-                start = width - len(r.prompt_ids)
-                cache.add(r.prompt_ids + new[i][:kept], decoder.kept(i, start, width + kept))
 
     def _end(self, tokens: list[int], max_new: int) -> int:
         """How many sampled tokens a row's Choice keeps: up to its end-of-turn, within its max_tokens."""

@@ -17,6 +17,7 @@ used first out; an entry is replaced by the one that extends it (the episode's n
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,56 +72,73 @@ class PrefixCache:
         self.nbytes = 0
         self.version: Any = None
         self.stats = dict.fromkeys(("stored", "evicted", "cleared", "hits"), 0)
+        self._lock = threading.RLock()  # the decode thread uses it; clear() may come from the event loop's
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def check(self, version: Any) -> None:
         """Empty the cache if the weights' `version` differs from the one its entries were computed with."""
-        if version != self.version:
-            if self.entries:
-                self.stats["cleared"] += 1
-            self.clear()
-            self.version = version
+        with self._lock:
+            if version != self.version:
+                self.stats["cleared"] += bool(self.entries)
+                self.clear()
+                self.version = version
 
     def clear(self) -> None:
-        self.entries.clear()
-        self.nbytes = 0
+        with self._lock:
+            self.entries.clear()
+            self.nbytes = 0
 
     def match(self, ids: list[int]) -> tuple[Entry | None, int]:
         """The entry sharing the longest prefix with `ids`, and that length (marked recently used)."""
         import torch
 
         query, best, best_n = torch.tensor(ids, dtype=torch.long), None, 0
-        for entry in self.entries.values():
+        with self._lock:
+            entries = list(self.entries.values())
+        for entry in entries:
             if len(query) and len(entry.ids) and int(entry.ids[0]) == ids[0]:
                 n = common_prefix(query, entry.ids)
                 if n > best_n:
                     best, best_n = entry, n
-        if best is not None:
-            self.entries.move_to_end(best.key)
+        with self._lock:
+            if best is not None and best.key in self.entries:
+                self.entries.move_to_end(best.key)
         return best, best_n
 
     def add(self, ids: list[int], kv: list) -> None:
         import torch
 
-        key = tuple(ids)
-        if key in self.entries:  # the same ids again (a greedy GRPO group): keep one copy
-            self.entries.move_to_end(key)
-            return
-        nbytes = sum(t.numel() * t.element_size() for pair in kv for t in pair)
-        if nbytes > self.max_bytes:
-            return
-        while self.entries and self.nbytes + nbytes > self.max_bytes:
-            self.nbytes -= self.entries.popitem(last=False)[1].nbytes
-            self.stats["evicted"] += 1
-        self.entries[key] = Entry(torch.tensor(ids, dtype=torch.long), key, kv, nbytes)
-        self.nbytes += nbytes
-        self.stats["stored"] += 1
+        key, nbytes = tuple(ids), sum(t.numel() * t.element_size() for pair in kv for t in pair)
+        with self._lock:
+            if key in self.entries:  # the same ids again (a greedy GRPO group): keep one copy
+                self.entries.move_to_end(key)
+                return
+            if nbytes > self.max_bytes:
+                return
+            while self.entries and self.nbytes + nbytes > self.max_bytes:
+                self.nbytes -= self.entries.popitem(last=False)[1].nbytes
+                self.stats["evicted"] += 1
+            self.entries[key] = Entry(torch.tensor(ids, dtype=torch.long), key, kv, nbytes)
+            self.nbytes += nbytes
+            self.stats["stored"] += 1
 
     def drop(self, entry: Entry | None) -> None:
-        if entry is not None and self.entries.pop(entry.key, None) is not None:
-            self.nbytes -= entry.nbytes
+        with self._lock:
+            if entry is not None and self.entries.pop(entry.key, None) is not None:
+                self.nbytes -= entry.nbytes
+
+    def keep(self, plan: Plan, rows: list, kv_of: Any) -> None:
+        """After a decode: each row's new entry replaces the one it extended (its episode's previous turn).
+        `rows[i]` is (ids, first column) or None where the caller gave up (then neither stays);
+        `kv_of(i, start, end)` cuts row i's keys and values out of the batch's cache."""
+        with self._lock:
+            for i, row in enumerate(rows):
+                self.drop(plan.matched[i])
+                if row is not None:
+                    ids, start = row
+                    self.add(ids, kv_of(i, start, start + len(ids)))
 
     def plan(self, prompts: list[list[int]], n_forced: int) -> Plan:
         """Which columns of a batch of left-padded `prompts` (all ending in the same column) to copy and which
