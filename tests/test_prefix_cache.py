@@ -57,7 +57,7 @@ def nudged(model, tok, text):
         out.logits[:, -1].scatter_add_(1, script[k], torch.full(k.shape, 8.0))
         return out
 
-    model.forward = nudge
+    model.forward, model._plain, model._script = nudge, forward, script
     return model
 
 
@@ -67,6 +67,24 @@ async def roll(policy, company_db, group_size=2, max_turns=4):
     groups = await gather_rollouts(policy, build_server(company_db), SCENARIOS,
                                    RolloutConfig(max_turns=max_turns, max_tokens=16, temperature=0.0), group_size=group_size)
     return [t for g in groups for t in g.trajectories]
+
+
+def ids_of(choice):
+    return [int(t.token.split(":")[1]) for t in choice.logprobs.content]
+
+
+def forward_logprobs(model, prompt, ids, n_forced):
+    """The logprobs of `ids` after `prompt` from one plain forward (with the nudge where `model` has one: from
+    the last of the `n_forced` prefix tokens on, as the decode nudges the tokens it samples)."""
+    positions = torch.arange(len(prompt) + len(ids))[None]
+    with torch.no_grad():
+        logits = getattr(model, "_plain", model.forward)(input_ids=torch.tensor([prompt + ids]),
+                                                         position_ids=positions).logits[0].float()
+    if hasattr(model, "_script"):  # the nudge, from the prompt's last position on
+        rows = torch.arange(len(prompt) + n_forced - 1, len(prompt) + len(ids) - 1)
+        logits[rows, model._script[(rows - rows[0]).clamp(max=len(model._script) - 1)]] += 8.0
+    lp = logits.log_softmax(-1)
+    return [lp[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)]
 
 
 def choices(traj):
@@ -97,9 +115,16 @@ async def test_greedy_rollouts_are_the_same_with_reuse_on_and_off(tok, company_d
     assert all(t.metrics["turns"] == 4 for t in trajs_on)
     assert any(t.metrics["tool_calls"] for t in trajs_on) == calls and not any(t.metrics["fatal"] for t in trajs_on)
     s_off, s_on = off.decode_stats, on.decode_stats
-    assert s_on["padded_prompt_tokens"] == s_off["padded_prompt_tokens"] == s_off["prefill_tokens"]
-    assert s_on["reused_tokens"] > 0 and s_on["prefill_tokens"] < 0.6 * s_off["prefill_tokens"]
+    assert s_off["prefill_tokens"] == s_off["padded_prompt_tokens"] and s_on["prompt_tokens"] == s_off["prompt_tokens"]
+    # (batches form by timing, so the two runs' padding may differ a little)
+    assert s_on["reused_tokens"] > 0 and s_on["prefill_tokens"] < 0.6 * s_on["padded_prompt_tokens"]
     assert len(on.prefix_cache) <= len(trajs_on)  # each turn's entry replaced its previous turn's
+    for traj in trajs_on:  # the last turn's logprobs are what one forward over the conversation gives (the trainer's)
+        k = max(i for i, m in enumerate(traj.messages_and_choices) if not isinstance(m, dict))
+        last, ids = traj.messages_and_choices[k], ids_of(traj.messages_and_choices[k])
+        prompt = prompt_ids(tok, traj.messages_and_choices[:k], traj.tools)
+        assert [t.logprob for t in last.logprobs.content] == pytest.approx(forward_logprobs(model, prompt, ids, len(on._prefix_ids)),
+                                                                          abs=1e-4)
 
 
 async def test_the_cache_stays_under_its_bound_and_evicts_the_least_recent(tok, company_db):
