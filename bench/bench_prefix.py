@@ -78,7 +78,7 @@ async def episodes(policy, tools, scenarios, results, group: int, turns: int, ma
         history, out = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": s.task}], []
         for k in range(turns):
             choice = await policy.complete(history, tools, max_tokens=max_tokens, temperature=temperature)
-            out.append(choice)
+            out.append((list(history), choice))
             history += [choice, {"role": "tool", "tool_call_id": f"call_{k}", "content": res[k]}]
         return out
 
@@ -119,6 +119,22 @@ async def once(model, tok, args, tools, scenarios, results, reuse: bool) -> tupl
     return out, dict(s), line
 
 
+def trainer_gap(model, tok, tools, turns: list) -> tuple[float, float]:
+    """Mean and largest |sampled logprob - one forward over the conversation's logprob| (the trainer's view)."""
+    import torch
+
+    from mcp_rl.chat_templates import prompt_ids
+
+    diffs = []
+    with torch.inference_mode():
+        for history, choice in turns:
+            prompt, ids = prompt_ids(tok, history, tools), [int(t.token.split(":")[1]) for t in choice.logprobs.content]
+            logits = model(torch.tensor([prompt + ids], device=model.device)).logits[0, len(prompt) - 1:-1]
+            lp = logits.float().log_softmax(-1).gather(-1, torch.tensor(ids, device=model.device)[:, None])[:, 0]
+            diffs += (lp.cpu() - torch.tensor([t.logprob for t in choice.logprobs.content])).abs().tolist()
+    return sum(diffs) / len(diffs), max(diffs)
+
+
 async def run(args) -> str:
     import statistics
 
@@ -133,7 +149,8 @@ async def run(args) -> str:
             lines.append(line)
             print(line, flush=True)
     off, on = ({k: statistics.median(s[k] for s in stats[r]) for k in stats[r][0]} for r in (False, True))
-    turns = [(a, b) for ea, eb in zip(outs[False], outs[True]) for a, b in zip(ea, eb)]
+    gaps = {r: trainer_gap(model, tok, tools, [t for e in outs[r] for t in e]) for r in (False, True)}
+    turns = [(a, b) for ea, eb in zip(outs[False], outs[True]) for (_, a), (_, b) in zip(ea, eb)]
     same = sum([t.token for t in a.logprobs.content] == [t.token for t in b.logprobs.content] for a, b in turns)
     gap = max(abs(x.logprob - y.logprob) for a, b in turns for x, y in zip(a.logprobs.content, b.logprobs.content))
     if args.temperature:  # sampled turns part at the first token that differs: nothing to compare
@@ -142,7 +159,9 @@ async def run(args) -> str:
               f"({1 - on['prefill_tokens'] / off['prefill_tokens']:.1%} saved) | prefill seconds "
               f"{on['prefill_s'] / off['prefill_s']:.3f} | prefill+decode+keep seconds "
               f"{sum(on[k] for k in ('prefill_s', 'decode_s', 'keep_s')) / (off['prefill_s'] + off['decode_s']):.3f}",
-              f"last pass: turns token-identical {same}/{len(turns)} | largest |logprob on - off| {gap:.2e}"]
+              f"last pass: turns token-identical {same}/{len(turns)} | largest |logprob on - off| {gap:.2e}",
+              "sampler vs one forward over the conversation (the trainer's logprobs), mean / largest |difference|: "
+              f"off {gaps[False][0]:.2e} / {gaps[False][1]:.2e}, on {gaps[True][0]:.2e} / {gaps[True][1]:.2e}"]
     setup = (f"model {args.model} | {args.tasks} tasks x {args.group} episodes x {args.turns} turns | max_tokens "
              f"{args.max_tokens} | temperature {args.temperature} | max_batch {args.max_batch}")
     return "\n".join([header(), setup, "", *lines, ""])

@@ -182,3 +182,28 @@ async def test_changed_weights_empty_the_cache(tok):
     policy.step = 1
     await policy.complete(history + [again, {"role": "user", "content": "more"}], [], max_tokens=4, temperature=0)
     assert policy.decode_stats["reused_tokens"] == 0 and policy.prefix_cache.stats["cleared"] == 2
+
+
+async def test_the_trainers_updates_empty_the_cache(tok, company_db, tiny_trainer):
+    """The real trainer: an SFT warm start (its AdamW writes the LoRA weights in place, `step` stays 0)
+    and a GRPO step (`step` moves) each leave the next turn nothing to reuse."""
+    from mcp_rl.prefix_cache import PrefixCache
+
+    trainer = tiny_trainer()
+    policy = trainer.policy
+    policy.prefix_cache = PrefixCache(2**30)  # what LocalPolicy(..., reuse_prefix=True) makes
+    policy.tool_prefix = True  # malformed calls: the episodes go on for their turns
+    [first, second, *_] = await roll(policy, company_db, max_turns=2)
+    assert policy.decode_stats["reused_tokens"] > 0 and len(policy.prefix_cache)
+    trainer.warm_start([first], epochs=1, learning_rate=1e-2)
+    assert trainer.step == 0
+    reused = policy.decode_stats["reused_tokens"]
+    await policy.complete(first.messages_and_choices, first.tools, max_tokens=4, temperature=0)
+    assert policy.decode_stats["reused_tokens"] == reused and policy.prefix_cache.stats["cleared"] == 1
+    first.reward, second.reward = 1.0, 0.0
+    import art
+
+    await trainer.train([art.TrajectoryGroup([first, second])])
+    assert trainer.step == 1
+    await policy.complete(first.messages_and_choices, first.tools, max_tokens=4, temperature=0)
+    assert policy.decode_stats["reused_tokens"] == reused and policy.prefix_cache.stats["cleared"] == 2
