@@ -155,7 +155,8 @@ async def run(args) -> str:
     gap = max(abs(x.logprob - y.logprob) for a, b in turns for x, y in zip(a.logprobs.content, b.logprobs.content))
     if args.temperature:  # sampled turns part at the first token that differs: nothing to compare
         same, gap = "-", float("nan")
-    lines += [f"ratio on/off (medians of {args.repeat}) | prefill tokens {on['prefill_tokens'] / off['prefill_tokens']:.3f} "
+    lines += [f"ratio on/off (medians of {args.repeat}) | prefill tokens "
+              f"{on['prefill_tokens'] / off['prefill_tokens']:.3f} "
               f"({1 - on['prefill_tokens'] / off['prefill_tokens']:.1%} saved) | prefill seconds "
               f"{on['prefill_s'] / off['prefill_s']:.3f} | prefill+decode+keep seconds "
               f"{sum(on[k] for k in ('prefill_s', 'decode_s', 'keep_s')) / (off['prefill_s'] + off['decode_s']):.3f}",

@@ -11,8 +11,10 @@ one left-padded decode (decoder.py: a StaticCache, replayed as a CUDA graph on a
 a worker thread so the event loop keeps serving MCP calls; the prompt is tokenised in a thread too
 (a megabyte prompt takes seconds). A request whose caller gives up (a cancelled `complete`: the
 served endpoint's client disconnected or ran out of time) is dropped from its batch within 8
-decode steps, and the decode stops once no row is left. Loading lives in models.py, the
-tool-calling chat template in chat_templates.py; their names are re-exported here.
+decode steps, and the decode stops once no row is left. With `reuse_prefix=True` a turn's keys
+and values are kept (prefix_cache.py), so an episode's next turn prefills only its new tokens.
+Loading lives in models.py, the tool-calling chat template in chat_templates.py; their names are
+re-exported here.
 """
 
 from __future__ import annotations

@@ -45,8 +45,9 @@ def common_prefix(a: Any, b: Any) -> int:
     """How many leading ids two 1-D tensors share.
 
     >>> import torch
-    >>> common_prefix(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4, 5])), common_prefix(torch.tensor([7]), torch.tensor([7, 8]))
-    (2, 1)
+    >>> t = torch.tensor
+    >>> common_prefix(t([1, 2, 3]), t([1, 2, 4, 5])), common_prefix(t([7]), t([7, 8])), common_prefix(t([7]), t([8]))
+    (2, 1, 0)
     """
     n = min(len(a), len(b))
     differ = (a[:n] != b[:n]).nonzero()

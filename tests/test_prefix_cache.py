@@ -36,7 +36,8 @@ def tiny_gemma(tok):
     torch.manual_seed(0)
     config = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
-                              sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                               bos_token_id=1, eos_token_id=2, pad_token_id=2)
     return Gemma3ForCausalLM(config).eval()
 
@@ -65,7 +66,8 @@ async def roll(policy, company_db, group_size=2, max_turns=4):
     from mcp_server import build_server
 
     groups = await gather_rollouts(policy, build_server(company_db), SCENARIOS,
-                                   RolloutConfig(max_turns=max_turns, max_tokens=16, temperature=0.0), group_size=group_size)
+                                   RolloutConfig(max_turns=max_turns, max_tokens=16, temperature=0.0),
+                                   group_size=group_size)
     return [t for g in groups for t in g.trajectories]
 
 
@@ -123,8 +125,8 @@ async def test_greedy_rollouts_are_the_same_with_reuse_on_and_off(tok, company_d
         k = max(i for i, m in enumerate(traj.messages_and_choices) if not isinstance(m, dict))
         last, ids = traj.messages_and_choices[k], ids_of(traj.messages_and_choices[k])
         prompt = prompt_ids(tok, traj.messages_and_choices[:k], traj.tools)
-        assert [t.logprob for t in last.logprobs.content] == pytest.approx(forward_logprobs(model, prompt, ids, len(on._prefix_ids)),
-                                                                          abs=1e-4)
+        assert [t.logprob for t in last.logprobs.content] == pytest.approx(
+            forward_logprobs(model, prompt, ids, len(on._prefix_ids)), abs=1e-4)
 
 
 async def test_the_cache_stays_under_its_bound_and_evicts_the_least_recent(tok, company_db):
@@ -207,3 +209,16 @@ async def test_the_trainers_updates_empty_the_cache(tok, company_db, tiny_traine
     assert trainer.step == 1
     await policy.complete(first.messages_and_choices, first.tools, max_tokens=4, temperature=0)
     assert policy.decode_stats["reused_tokens"] == reused and policy.prefix_cache.stats["cleared"] == 2
+
+
+@pytest.mark.slow
+async def test_smollm2_greedy_rollouts_are_the_same_with_reuse_on_and_off(company_db):
+    """The embedded SmolLM2-135M (fp32 on the CPU) through the real loop."""
+    from mcp_rl.local_policy import load_local_model
+
+    model, tok = load_local_model()
+    off, on = LocalPolicy(model, tok, tool_prefix=True), LocalPolicy(model, tok, tool_prefix=True, reuse_prefix=True)
+    trajs_off, trajs_on = await roll(off, company_db, group_size=1, max_turns=3), await roll(on, company_db,
+                                                                                             group_size=1, max_turns=3)
+    assert_same(trajs_off, trajs_on)
+    assert sum(t.metrics["turns"] for t in trajs_on) > len(trajs_on) and on.decode_stats["reused_tokens"] > 0
