@@ -183,9 +183,10 @@ class _Decoder:
     def _fill(self, copies: list, start: int) -> None:
         """Write kept keys and values into the cache, which then writes the prefill from column `start` on.
 
-        By hand: transformers' StaticCache (5.17 and 5.24) can crop its length but has no call that
-        writes given states into some rows' columns; its layers allocate on first write
-        (`lazy_initialization`, given a tensor of the states' shape) and write at `cumulative_length`."""
+        By hand: in transformers 5.17 and 5.24 a StaticCache can only crop its length (batch selection,
+        `batch_select_indices`, is DynamicCache's, and a decode over a DynamicCache has no fixed shape to
+        replay as a CUDA graph); nothing writes given states into some rows' columns. Its layers allocate on
+        first write (`lazy_initialization`, given a tensor of the states' shape) and write at `cumulative_length`."""
         n = self.ids.shape[0]
         for layer, (k, v) in zip(self.cache.layers, copies[0][2]):
             layer.lazy_initialization(k.new_zeros((n, k.shape[0], 0, k.shape[-1])),
