@@ -222,3 +222,19 @@ async def test_smollm2_greedy_rollouts_are_the_same_with_reuse_on_and_off(compan
                                                                                              group_size=1, max_turns=3)
     assert_same(trajs_off, trajs_on)
     assert sum(t.metrics["turns"] for t in trajs_on) > len(trajs_on) and on.decode_stats["reused_tokens"] > 0
+
+
+@pytest.mark.parametrize("prompts, n_forced, window, copied", [
+    ([list(range(12)), [0, 1, 99, 98, 97]], 0, 3, [(0, 0, 9), (1, 7, 2)]),  # rows share the longest new part
+    ([list(range(10))], 2, 3, [(0, 0, 7)]),         # all cached: the forced prefix and one more token still run
+    ([list(range(12)), [5, 6, 7]], 0, 3, [(0, 0, 9)]),  # a row with nothing cached sets the window
+])
+def test_a_batch_prefills_the_longest_part_any_row_lacks(prompts, n_forced, window, copied):
+    from mcp_rl.prefix_cache import PrefixCache
+
+    cache = PrefixCache(2**20)
+    cache.add(list(range(10)), [(torch.zeros(1, 10, 1), torch.zeros(1, 10, 1))])
+    plan = cache.plan(prompts, n_forced)
+    assert plan.window == window and [(row, column, count) for row, column, _, count in plan.copies] == copied
+    assert plan.reused == sum(c for *_, c in copied)
+    assert [m is not None for m in plan.matched] == [len(p) >= 10 for p in prompts]  # extends the entry: replaces it
