@@ -145,23 +145,31 @@ class _Decoder:
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                           logits_to_keep=keep_logits, **{self.cache_kw: self.cache}).logits
 
-    def prefill(self, n_forced: int) -> tuple[Any, Any]:
-        """Logits for the first new token, and the forced prefix's logprobs (or None)."""
+    def prefill(self, n_forced: int, window: int | None = None, copies: list = ()) -> tuple[Any, Any]:
+        """Logits for the first new token, and the forced prefix's logprobs (or None).
+
+        Runs the last `window` prompt columns (default: all); `copies` (prefix_cache.Plan) fill the
+        cache columns left of it with keys and values kept from earlier turns."""
         import torch
 
         n, width = self.ids.shape
-        causal = torch.ones((width, width), dtype=torch.bool, device=self.ids.device).tril()
+        window = width if window is None else window
+        if copies:
+            self._fill(copies, width - window)
+        cols = torch.arange(width, device=self.ids.device)
+        query = cols[width - window:, None]  # the window's columns, as query rows
+        causal, own = cols[None, :] <= query, cols[None, :] == query
         # A padding row attends to itself: a row with nothing to attend to would give NaN keys.
-        allowed = (causal & self.keep[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.ids.device)
-        mask = self.mask.new_full((n, 1, width, self.mask.shape[-1]), self.neg)
+        allowed = (causal & self.keep[:, None, :]) | own
+        mask = self.mask.new_full((n, 1, window, self.mask.shape[-1]), self.neg)
         mask[:, 0, :, :width].masked_fill_(allowed, 0.0)
         smask = None
         if self.window is not None:  # key column k is in query column q's window when q - k < window
-            near = causal & ~torch.ones_like(causal).tril(-self.window)
+            near = causal & (query - cols[None, :] < self.window)
             smask = mask.new_full(mask.shape, self.neg)
-            smask[:, 0, :, :width].masked_fill_(allowed & near | torch.eye(width, dtype=torch.bool, device=near.device),
-                                                0.0)
-        logits = self._forward(self.ids, mask, smask, self.positions, n_forced + 1)
+            smask[:, 0, :, :width].masked_fill_(allowed & near | own, 0.0)
+        logits = self._forward(self.ids[:, width - window:], mask, smask, self.positions[:, width - window:],
+                               n_forced + 1)
         forced = None
         if n_forced:
             forced = torch.log_softmax(logits[:, :-1].float(), -1).gather(
@@ -171,6 +179,28 @@ class _Decoder:
         if self.cuda_graph:
             self._capture()
         return logits[:, -1], forced
+
+    def _fill(self, copies: list, start: int) -> None:
+        """Write kept keys and values into the cache, which then writes the prefill from column `start` on.
+
+        By hand: in transformers 5.17 and 5.24 a StaticCache can only crop its length (batch selection,
+        `batch_select_indices`, is DynamicCache's, and a decode over a DynamicCache has no fixed shape to
+        replay as a CUDA graph); nothing writes given states into some rows' columns. Its layers allocate on
+        first write (`lazy_initialization`, given a tensor of the states' shape) and write at `cumulative_length`."""
+        n = self.ids.shape[0]
+        for layer, (k, v) in zip(self.cache.layers, copies[0][2]):
+            layer.lazy_initialization(k.new_zeros((n, k.shape[0], 0, k.shape[-1])),
+                                      v.new_zeros((n, v.shape[0], 0, v.shape[-1])))
+            layer.cumulative_length.fill_(start)
+        for row, column, kv, count in copies:
+            for layer, (k, v) in zip(self.cache.layers, kv):
+                layer.keys[row, :, column:column + count] = k[:, :count]
+                layer.values[row, :, column:column + count] = v[:, :count]
+
+    def kept(self, row: int, start: int, end: int) -> list:
+        """Row `row`'s keys and values of cache columns [start, end), per layer, as copies to keep."""
+        return [(layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())
+                for layer in self.cache.layers]
 
     def _capture(self) -> None:
         import torch

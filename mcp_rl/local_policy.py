@@ -11,8 +11,10 @@ one left-padded decode (decoder.py: a StaticCache, replayed as a CUDA graph on a
 a worker thread so the event loop keeps serving MCP calls; the prompt is tokenised in a thread too
 (a megabyte prompt takes seconds). A request whose caller gives up (a cancelled `complete`: the
 served endpoint's client disconnected or ran out of time) is dropped from its batch within 8
-decode steps, and the decode stops once no row is left. Loading lives in models.py, the
-tool-calling chat template in chat_templates.py; their names are re-exported here.
+decode steps, and the decode stops once no row is left. With `reuse_prefix=True` a turn's keys
+and values are kept (prefix_cache.py), so an episode's next turn prefills only its new tokens.
+Loading lives in models.py, the tool-calling chat template in chat_templates.py; their names are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .chat_templates import HERMES_TEMPLATE, art_tokenizer, install_tool_templat
 from .decoder import _Decoder, stop_string_end
 from .models import SMOLLM2, load_local_model, load_local_tokenizer
 from .policy import ContextOverflow, PolicyError, choice_from_text
+from .prefix_cache import PrefixCache
 
 __all__ = ["SMOLLM2", "load_local_model", "load_local_tokenizer", "LocalPolicy", "art_tokenizer",
            "install_tool_template", "HERMES_TEMPLATE", "stop_string_end"]
@@ -66,13 +69,18 @@ class LocalPolicy:
     envelope on their own. The policy can then only call tools (never answer in
     prose), and the forced tokens are part of the choice, with the model's own
     logprobs for them, so the trainer trains on them like sampled tokens.
+
+    `reuse_prefix=True` keeps each row's keys and values after its turn (prefix_cache.py), so an
+    episode's next turn prefills only the tool result and the turn markers; at most
+    `prefix_cache_gib` of them, emptied when the weights change (or by `clear_prefix_cache()`).
     """
 
     token_in = True  # rollouts pass earlier turns as Choices: the next prompt holds their sampled ids
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_batch: int = 8,
                  batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
-                 cuda_graph: bool = True, batch_gap_s: float | None = None, hand_back: bool = True):
+                 cuda_graph: bool = True, batch_gap_s: float | None = None, hand_back: bool = True,
+                 reuse_prefix: bool = False, prefix_cache_gib: float = 1.0):
         import transformers
 
         if int(transformers.__version__.split(".")[0]) < 5:  # StaticCache, attention interface: 5.x APIs
@@ -93,9 +101,13 @@ class LocalPolicy:
         self.generate_calls = 0  # how many batched decodes served requests (tests, benchmarks)
         # Where sampling time goes, summed over every batched decode (pipeline.train_step logs each
         # step's share): the rows' real and left-padded prompt tokens, decode steps, the seconds in
-        # prefill and in the decode loop, and the seconds requests waited to join a batch.
-        self.decode_stats = dict.fromkeys(("rows", "prompt_tokens", "padded_prompt_tokens", "decode_steps",
-                                           "prefill_s", "decode_s", "queue_wait_s"), 0.0)
+        # prefill and in the decode loop, and the seconds requests waited to join a batch. With
+        # reuse_prefix, the prompt columns prefilled fall below the padded ones by about those copied
+        # from earlier turns (reused_tokens); keep_s is the copying out of this turn's rows.
+        self.decode_stats = dict.fromkeys(("rows", "prompt_tokens", "padded_prompt_tokens", "prefill_tokens",
+                                           "reused_tokens", "decode_steps", "prefill_s", "decode_s", "keep_s",
+                                           "queue_wait_s"), 0.0)
+        self.prefix_cache = PrefixCache(int(prefix_cache_gib * 2**30)) if reuse_prefix else None
         self.last_batch_size = 0
         self._prefix_ids = tokenizer.encode(_TOOL_PREFIX, add_special_tokens=False)
         self.stop_ids = self._stop_ids()
@@ -106,6 +118,16 @@ class LocalPolicy:
     @property
     def served_name(self) -> str:
         return f"{self.name}@{self.step}"
+
+    def clear_prefix_cache(self) -> None:
+        """Drop the kept keys and values: before an update that needs their memory, or after one that
+        changed the weights without `step` or the parameters' version counters moving (a fused optimizer)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _weights_version(self) -> tuple:
+        # In-place writes (optimizer steps, load_state_dict) bump a tensor's version counter.
+        return self.step, sum(p._version for p in self.model.parameters())
 
     def _stop_ids(self) -> list[int]:
         ids: list[int] = []
@@ -187,10 +209,15 @@ class LocalPolicy:
             keep[i, width - len(r.prompt_ids):] = True
         ids, keep = ids.to(device), keep.to(device)
         start = time.monotonic()
+        plan, version = None, None
+        if self.prefix_cache is not None:
+            version = self._weights_version()
+            self.prefix_cache.check(version)
+            plan = self.prefix_cache.plan([r.prompt_ids for r in reqs], n_forced)
         with torch.inference_mode():
             decoder = _Decoder(self.model, ids, keep, width + max_new,
                                cuda_graph=self.cuda_graph and device.type == "cuda")
-            logits, forced_lp = decoder.prefill(n_forced)
+            logits, forced_lp = decoder.prefill(n_forced, plan.window if plan else None, plan.copies if plan else ())
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # one sync a batch, so prefill and decode time apart
             prefilled = time.monotonic()
@@ -201,6 +228,7 @@ class LocalPolicy:
             limits = torch.tensor([r.max_new for r in reqs], device=device)
             handed = torch.zeros(n, dtype=torch.bool, device=device)
             forced = forced_lp.tolist() if forced_lp is not None else [[] for _ in reqs]
+            fed = 0  # sampled tokens whose keys and values are in the cache
             for t in range(max_new):
                 lp = torch.log_softmax(logits.float(), -1)  # logprobs at temperature 1 (DESIGN.md)
                 if temperature > 0:
@@ -224,18 +252,34 @@ class LocalPolicy:
                         break
                 if t + 1 < max_new:
                     logits = decoder.step(tok, width + t)
+                    fed += 1
             new, new_lp = tokens.tolist(), lps.tolist()
+            decoded = time.monotonic()
+            if plan is not None and self._weights_version() != version:  # updated mid-decode: mixed states
+                self.prefix_cache.clear()
+            elif plan is not None:  # each row's ids that went through the model, from its first column on
+                self.prefix_cache.keep(plan, [None if r.future.cancelled() else (
+                    r.prompt_ids + new[i][:min(self._end(new[i], r.max_new), fed)], width - len(r.prompt_ids))
+                    for i, r in enumerate(reqs)], decoder.kept)
         stats = self.decode_stats
         stats["rows"] += n
         stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in reqs)
         stats["padded_prompt_tokens"] += n * width
+        stats["prefill_tokens"] += n * (plan.window if plan else width)
+        stats["reused_tokens"] += plan.reused if plan else 0
         stats["decode_steps"] += t + 1
         stats["prefill_s"] += prefilled - start
-        stats["decode_s"] += time.monotonic() - prefilled
+        stats["decode_s"] += decoded - prefilled
+        stats["keep_s"] += time.monotonic() - decoded
         stats["queue_wait_s"] += sum(start - r.queued for r in reqs)
         self.generate_calls += 1
         self.last_batch_size = n
         return [self._choice(r, new[i], new_lp[i], forced[i]) for i, r in enumerate(reqs)]
+
+    def _end(self, tokens: list[int], max_new: int) -> int:
+        """How many sampled tokens a row's Choice keeps: up to its end-of-turn, within its max_tokens."""
+        stop = next((t for t, tok in enumerate(tokens) if tok in self.stop_ids), None)
+        return min(stop if stop is not None else len(tokens), max_new)
 
     def _hand_back(self, reqs: list[_Request], rows: Any, tokens: Any, lps: Any, forced: list) -> None:
         """Answer the requests of `rows` (finished) now, while the batch decodes its longer rows.
@@ -266,7 +310,7 @@ class LocalPolicy:
 
     def _choice(self, r: _Request, tokens: list[int], lps: list[float], forced_lp: list[float]) -> Any:
         stop = next((t for t, tok in enumerate(tokens) if tok in self.stop_ids), None)
-        end = min(stop if stop is not None else len(tokens), r.max_new)
+        end = self._end(tokens, r.max_new)
         tokens, lps = r.prompt_ids[len(r.prompt_ids) - r.n_forced:] + tokens[:end], forced_lp + lps[:end]
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         finished = (stop is not None and stop < r.max_new) or text.rstrip().endswith(_STOP_STRING)
