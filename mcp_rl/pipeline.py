@@ -258,6 +258,8 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     varied = [g for g in scored if len({t.reward for t in g.trajectories}) > 1]
     rec["groups_trained"] = len(varied)
     if varied:
+        if hasattr(trainer.policy, "clear_prefix_cache"):  # its KV copies would sit on the GPU through the update
+            trainer.policy.clear_prefix_cache()
         rec.update({k: v for k, v in (await _maybe_async(trainer.train(varied))).items() if k != "step"})
     else:
         _log(f"step {step + 1}: every group had zero reward variance; no update (try a larger group_size)")
