@@ -110,8 +110,8 @@ class TrainConfig:
                 raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
         if self.precision not in ("auto", "bf16", "fp16", "fp32"):
             raise ValueError(f"train.precision must be 'auto', 'bf16', 'fp16' or 'fp32', got {self.precision!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 < self.learning_rate < float("inf"):
+            raise ValueError(f"train.learning_rate must be a finite number > 0, got {self.learning_rate}")
         if self.eval_every_split not in ("val", "test"):
             raise ValueError(f"train.eval_every_split must be 'val' or 'test', got {self.eval_every_split!r}")
         if self.eval_every < 0 or self.eval_every_scenarios < 0:

@@ -154,6 +154,9 @@ class RewardConfig:
             raise ValueError(f"judge_params must be a dict of litellm parameters, got {type(self.judge_params).__name__}")
         if self.on_judge_failure not in ("verified", "skip"):
             raise ValueError(f"on_judge_failure must be 'verified' or 'skip', got {self.on_judge_failure!r}")
+        if self.custom is not None and (callable(self.custom) or not isinstance(self.custom, (list, tuple))):
+            raise ValueError("custom must be a list of (name, fn, weight) tuples, e.g. "
+                             "custom=[('my_reward', my_fn, 1.0)]; got " + type(self.custom).__name__)
         self.custom = [_check_custom(item, i) for i, item in enumerate(self.custom or [])]
         names = [name for name, _, _ in self.custom]
         if len(set(names)) != len(names):

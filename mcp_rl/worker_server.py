@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+import httpx
 import openai
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -173,8 +174,10 @@ def worker_app(server: Any, *, token: str | None = None, insecure_no_token: bool
         except ValueError as e:  # a Scenario's own check may quote a whole field: cut it
             return _bad(400, f"invalid rollout request: {short(str(e), 300)}")
         # Our own client, closed when the request ends (a dropped one closes later, on a closed loop).
+        # No redirects: the loopback check reads base_url only, and a 307 would take the rows elsewhere.
         client = openai.AsyncOpenAI(base_url=p["base_url"], api_key=str(p.get("api_key") or "none"),
-                                    timeout=float(p.get("timeout") or cfg.timeout), max_retries=0)
+                                    timeout=float(p.get("timeout") or cfg.timeout), max_retries=0,
+                                    http_client=httpx.AsyncClient(follow_redirects=False))
         policy = _Quiet(OpenAIPolicy(p["model"], client=client), int(p.get("step") or 0))  # the trainer's step
         try:
             with log_tool_calls(audit, phase="worker") if audit else log_tool_calls(None):

@@ -170,3 +170,9 @@ def test_dataclasses_built_in_python_are_checked_too():
         Config(train=[1, 2])
     from pathlib import Path
     assert Config(out=Path("runs/x")).out == "runs/x"  # a path where text goes is text
+
+
+def test_an_infinite_learning_rate_is_refused():
+    """Probe, round 2: `learning_rate: .inf` passed the > 0 check."""
+    with pytest.raises(ValueError, match="finite number > 0"):
+        apply_overrides(preset("cpu"), ["train.learning_rate=.inf"])

@@ -432,3 +432,9 @@ def test_prose_answers_are_not_verified_unless_allowed(completed, require, expec
     score_trajectory(traj, SimpleNamespace(id="s", answer=1),
                      RewardConfig(require_complete_task=require, require_evidence=False))  # this rule alone
     assert traj.metrics["reward/verified"] == expected_verified
+
+
+def test_a_function_where_the_custom_list_goes_gets_a_message():
+    """Probe, round 2: custom=my_fn was a TypeError ("'function' object is not iterable")."""
+    with pytest.raises(ValueError, match=r"custom must be a list of \(name, fn, weight\) tuples"):
+        RewardConfig(custom=lambda traj, scenario: 1.0)

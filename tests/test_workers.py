@@ -357,6 +357,29 @@ def test_an_endpoints_answer_is_not_echoed_back(fx):
     assert "INTERNAL-ADMIN-PAGE" not in r.text
 
 
+def test_a_redirect_from_the_policy_endpoint_is_not_followed(fx):
+    """Probe, round 2: the loopback check reads base_url only; a 307 elsewhere must not be followed."""
+    from starlette.applications import Starlette
+    from starlette.responses import RedirectResponse
+    from starlette.routing import Route
+
+    hits = []
+
+    async def elsewhere(request):
+        hits.append(1)
+        return RedirectResponse("http://127.0.0.1:9/v1/chat/completions", status_code=307)
+
+    internal = ServerThread(Starlette(routes=[Route("/v1/chat/completions", elsewhere, methods=["POST"])])).start()
+    try:
+        make, _ = fx
+        url, body = make()
+        r = post(url, {**body, "policy": {**body["policy"], "base_url": internal.base_url}})
+    finally:
+        internal.stop()
+    (traj,) = r.json()["groups"][0]
+    assert hits and traj["metrics"]["fatal"] and "HTTP 307" in traj["metadata"]["fatal_reason"]
+
+
 def test_a_body_over_the_cap_is_refused_before_it_is_read(fx):
     make, _ = fx
     url, _ = make(max_body_bytes=1000)
