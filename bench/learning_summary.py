@@ -41,7 +41,10 @@ def runs(folder: Path) -> tuple[list[dict], list[str]]:
             cfg, proof = json.loads((d / "config.json").read_text()), json.loads((d / "proof.json").read_text())
             base, warm = proof["comparisons"]["base"], proof["comparisons"]["warm_start"]
             row = {"name": d.name, "model": cfg["model"], "seed": cfg.get("train", {}).get("seed"),
-                   "steps": proof["steps"], "stored_trained": warm["final"], "stored_over_warm": warm["gap"]}
+                   "steps": proof["steps"], "stored_trained": warm["final"], "stored_over_warm": warm["gap"],
+                   # as the run reported them, where its eval rows are not there to re-score
+                   "base": base["other"], "warm": warm["other"], "trained": warm["final"], "over_base": base["gap"],
+                   "over_warm": warm["gap"], "se_warm": warm["se_paired"], "wins": "?", "losses": "?"}
             row.update(_grounded(d))
             done.append(row)
         except (ValueError, KeyError, TypeError) as e:
@@ -55,7 +58,10 @@ def _grounded(run: Path) -> dict:
     fixed reward ([reward-integrity]: hedges refused, credit only with evidence; bench/rescore.py)."""
     from rescore import _eval_file, _firsts, grounded, paired
 
-    ev = {lab: _firsts(_eval_file(run, lab)) for lab in ("base", "warm_start", "trained")}
+    files = {lab: _eval_file(run, lab) for lab in ("base", "warm_start", "trained")}
+    if not all(files.values()):
+        return {}
+    ev = {lab: _firsts(f) for lab, f in files.items()}
     key = lambda r: grounded(r)[1]  # noqa: E731
     rate = lambda rows: sum(key(r) >= 0.999 for r in rows.values()) / len(rows)  # noqa: E731
     over_warm, se_warm, wins, losses = paired(ev["warm_start"], ev["trained"], key)
