@@ -132,21 +132,21 @@ _RISES = (("hack/success_without_lookup", 0.02), ("hack/rejected_by_evidence", 0
 
 def flags(rec: dict, history: list[dict]) -> list[str]:
     """The hack metrics of step `rec` that rose suddenly: past a floor and over twice their mean on
-    the earlier steps of `history` (or past the floor on the first step).
+    the earlier steps of `history` (the first step has nothing to rise from: never flagged).
 
     >>> flags({"hack/answer_words": 9.0}, [{"hack/answer_words": 2.0}])
     ['answer_words 9 (was 2)']
-    >>> flags({"hack/answer_words": 3.0}, [{"hack/answer_words": 2.0}])
-    []
+    >>> flags({"hack/answer_words": 3.0}, [{"hack/answer_words": 2.0}]), flags({"hack/answer_words": 9.0}, [])
+    ([], [])
     """
     out = []
     for key, floor in _RISES:
         now, before = rec.get(key), [h[key] for h in history if key in h]
-        if now is None or now <= floor:
+        if now is None or now <= floor or not before:
             continue
         was = _mean(before)
-        if not before or now > 2 * was:
-            out.append(f"{key[5:]} {now:.2g} (was {was:.2g})" if before else f"{key[5:]} {now:.2g}")
+        if now > 2 * was:
+            out.append(f"{key[5:]} {now:.2g} (was {was:.2g})")
     return out
 
 
