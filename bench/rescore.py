@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl.evidence import cells, values_of  # noqa: E402
+import art  # noqa: E402
+
+from mcp_rl.evidence import evidence, record_lookup  # noqa: E402
 from mcp_rl.verify import verify_answer  # noqa: E402
 
 _TURN = re.compile(r"^\[(user|assistant|tool)\] ", re.M)
@@ -41,7 +43,7 @@ def transcript_evidence(text: str) -> tuple[list[tuple[str, str]], bool]:
     """((values, call arguments) of each tool result in a saved transcript that is not an error, clipped?)."""
     parts = _TURN.split(text or "")
     turns = [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
-    out, args = [], ""
+    out, args, call_name = [], "", ""
     for role, body in turns:
         if role == "assistant":
             calls = _CALL.findall(body)
@@ -52,14 +54,16 @@ def transcript_evidence(text: str) -> tuple[list[tuple[str, str]], bool]:
                 except ValueError:
                     continue
                 if call.get("name") != "complete_task":
-                    args = json.dumps(call.get("arguments"))
+                    args, call_name = json.dumps(call.get("arguments")), str(call.get("name"))
         elif role == "tool" and args:
             body = body.split("\n-- answer:")[0]
-            if not body.startswith(("Error", "Task completed")) and values_of(body.strip()) is not None:
-                out.append((body.strip(), args))
-    # The same rule as mcp_rl.evidence.evidence: table cells anywhere, free text only as the last result.
-    kept = [(c if (c := cells(r)) is not None else r, a) for i, (r, a) in enumerate(out)
-            if cells(r) is not None or i == len(out) - 1]
+            if not body.startswith(("Error", "Task completed")):
+                out.append((call_name, args, body.strip()))
+    # The rule itself (mcp_rl.evidence.evidence) over the lookups the transcript shows.
+    traj = art.Trajectory(messages_and_choices=[], reward=0.0)
+    for tool, a, result in out:
+        record_lookup(traj, tool, json.loads(a), result)
+    kept = evidence(traj)
     return kept, "characters cut ..." in (text or "")
 
 
