@@ -317,9 +317,10 @@ async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike,
     generators see only the tools the agent will be offered, and a server with side-effect tools
     is refused the same way, so no task is written for a tool training would never offer.
     `max_answer_share`: no constant answer may pass more than this share of a split's verified
-    tasks (at least one task per value; `mcp_rl.balance`); the scenarios over it are dropped.
+    tasks (at least one task per value), nor a nearest training task's answer more than this share of
+    a held-out split (`mcp_rl.balance`); the scenarios over it are dropped.
     """
-    from mcp_rl.balance import balance_answers
+    from mcp_rl.balance import balance_splits
     from mcp_rl.connect import ToolSession
     from mcp_rl.context import collect_context
     from mcp_rl.grounded import grounded_scenarios
@@ -339,7 +340,7 @@ async def generate_to_file(spec, generator: str, n: int, out: str | os.PathLike,
     split_scenarios(scenarios, seed=0)
     # Balanced on the final splits (generation balanced on their expected sizes); an answer an
     # LLM task has gained by verification counts the same as a grounded one, None never does.
-    scenarios = balance_answers(scenarios, max_answer_share, seed=seed)
+    scenarios = balance_splits(scenarios, max_answer_share, seed=seed)
     save_scenarios(out, scenarios)
     return scenarios
 

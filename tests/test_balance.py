@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from mcp_rl.balance import AnswerCap, answer_balance, answer_cap, balance_answers, balance_report
+from mcp_rl.balance import (AnswerCap, answer_balance, answer_cap, balance_answers, balance_priors, balance_report,
+                            balance_splits)
 from mcp_rl.scenarios import Scenario
 from mcp_rl.verify import verify_answer
 
@@ -120,3 +121,43 @@ def test_answer_cap_admits_until_a_constant_reaches_the_cap():
 def test_balance_report_is_per_split():
     report = balance_report(tasks([1, 1, 2]) + tasks([5], split="test"))
     assert report == {"train": [("1", 2, 2 / 3), ("2", 1, 1 / 3)], "test": [("5", 1, 1.0)]}
+
+
+def _memorised(scenarios, k=3):
+    """Held-out tasks that one of their k nearest training tasks' answers passes (what balance_priors caps)."""
+    from mcp_rl.verify import normalize
+    train = [s for s in scenarios if s.split == "train"]
+    out = []
+    for s in scenarios:
+        if s.split in ("val", "test") and s.answer is not None:
+            w = set(normalize(s.task).split())
+            near = sorted(train, key=lambda t: (-len(w & (v := set(normalize(t.task).split()))) / len(w | v), t.id))[:k]
+            out += [s.id] if any(verify_answer(str(t.answer), s.answer, question=s.task) >= FULL for t in near) else []
+    return out
+
+
+def test_balance_priors_caps_held_out_tasks_a_memorised_answer_passes():
+    depts = ["Sales", "Legal", "Finance", "Marketing", "Research", "Operations"]
+    train = [Scenario(f"tr{i}", f"Name the department with the most {w}.", answer="Engineering", split="train")
+             for i, w in enumerate(["employees", "managers", "remote staff"])]
+    # Worded like the training tasks, with the same answer: a memorised "Engineering" passes each.
+    copies = [Scenario(f"te{i}", f"Name the department with the most {w}.", answer="Engineering", split="test")
+              for i, w in enumerate(["projects", "interns", "contractors"])]
+    others = [Scenario(f"o{i}", f"Which office hosts team {i}?", answer=d, split="test") for i, d in enumerate(depts)]
+    scenarios = train + copies + others + [Scenario("n", "Name the department with the most awards.", split="test")]
+    kept = balance_priors(scenarios, 0.02)
+    assert len(_memorised(scenarios)) == 3 and len(_memorised(kept)) == 1   # the cap: one task of the split
+    assert {s.id for s in train + others} <= {s.id for s in kept} and "n" in {s.id for s in kept}  # train, None kept
+    shuffled = scenarios[::-1]
+    assert {s.id for s in balance_priors(shuffled, 0.02)} == {s.id for s in kept}  # order-free
+
+
+def test_the_committed_tasks_pass_both_caps():
+    from pathlib import Path
+    from mcp_rl.scenarios import load_scenarios
+    scenarios = load_scenarios(Path(__file__).resolve().parents[1] / "data" / "scenarios.jsonl")
+    for split in ("val", "test"):
+        held = [s for s in scenarios if s.split == split]
+        assert len([i for i in _memorised(scenarios) if i in {s.id for s in held}]) <= answer_cap(len(held))
+        assert answer_balance(held, top=1)[0][1] <= answer_cap(len(held))
+    assert len(balance_splits(scenarios)) == len(scenarios)  # regenerated with both passes: nothing left to drop
