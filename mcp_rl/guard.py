@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .quote import SHORT_CHARS, short  # noqa: F401 - used here; also re-exported (runs.py imports it from guard)
 from .schemas import field_of
 
 __all__ = ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "ToolsChanged", "READ_ONLY", "SIDE_EFFECTS", "classify_tool", "tool_hints",
@@ -33,22 +34,6 @@ READ_ONLY = "read-only"
 SIDE_EFFECTS = "side effects"
 HINTS = (("readOnlyHint", "read_only_hint"), ("destructiveHint", "destructive_hint"),
          ("idempotentHint", "idempotent_hint"), ("openWorldHint", "open_world_hint"))
-SHORT_CHARS = 60  # what a message quotes of something sent to us
-
-
-def short(value: Any, limit: int = SHORT_CHARS) -> str:
-    """`value` quoted for a message, cut to a prefix: a model or client pays for every character
-    sent back, and a 100,000-character argument must not come back whole.
-
-    >>> short("employees")
-    "'employees'"
-    >>> short("x" * 100_000, 5)
-    "'xxxxx…' (100000 chars)"
-    """
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit] + '…'!r} ({len(text)} chars)"
 
 
 class ToolPolicyError(ValueError):

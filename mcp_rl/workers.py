@@ -45,7 +45,8 @@ from typing import Any
 import art
 import httpx
 
-from .guard import ToolPolicy, short
+from .guard import ToolPolicy
+from .quote import short
 from .redact import redact
 from .rollout import RolloutConfig
 from .scenarios import Scenario
