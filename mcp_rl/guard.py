@@ -128,6 +128,15 @@ class ToolPolicy:
         if self.allow is not None and not self.allow:
             raise ValueError("allow is empty: the agent would have no tools; name at least one, or pass None for all")
 
+    def as_dict(self) -> dict:
+        """Its fields as JSON values (what a trainer sends a rollout worker; `ToolPolicy(**d)` reads it back).
+
+        >>> ToolPolicy(allow=["a"]).as_dict()
+        {'allow': ['a'], 'deny': [], 'allow_side_effects': False}
+        """
+        return {"allow": None if self.allow is None else list(self.allow), "deny": list(self.deny),
+                "allow_side_effects": self.allow_side_effects}
+
     def admits(self, name: str) -> bool:
         """Whether a tool called `name` passes the name filters."""
         return (self.allow is None or name in self.allow) and name not in self.deny
