@@ -8,7 +8,7 @@ flag, type and help text come from the field, so each default is written once, i
     cfg = config(a, base=Config())                # the flags typed, over a base (preset, file, a run's config)
 
 A field's flag is its name with dashes (`rollout.max_turns` -> `--max-turns`, `load_in_4bit` ->
-`--load-in-4bit`), except where NAMES keeps an older name (`--tools`, `--workers`, `--rollout-timeout`)
+`--load-in-4bit`; a section field whose name is taken gets its section's: `--train-x`), except where NAMES keeps an older name (`--tools`, `--workers`, `--rollout-timeout`)
 or adds one (`--token`, `--max-batch`); a command may name a field its own way (`eval --temperature`
 sets train.eval_temperature, the greedy default of evaluation). Types follow the annotation: numbers
 and text as typed, `A,B,...` for a list of names, `--x` / `--no-x` for a switch. Fields no flag can
@@ -89,6 +89,8 @@ def add_flags(parser: argparse.ArgumentParser, title: str, paths: tuple[str, ...
         kind = _kind(hint)
         flags = (names or {}).get(path) or NAMES.get(path, ())[: None if aliases else 1] or \
             ("--" + path.rpartition(".")[2].replace("_", "-"),)
+        if flags[0] in parser._option_string_actions and "." in path:  # a name two sections share: --train-x
+            flags = ("--" + path.replace(".", "-").replace("_", "-"),)
         default = (shown or {}).get(path, f.default_factory() if f.default_factory is not dataclasses.MISSING
                                     else f.default)
         kw: dict[str, Any] = {"dest": _DEST + path, "required": path in required,

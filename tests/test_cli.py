@@ -318,3 +318,15 @@ def test_the_token_flags_default_to_the_environment(monkeypatch):
     assert flags.config(a, Config(), trains=False).server_token == "from-env"
     a = cli.parser().parse_args(["tools", "--server", "http://127.0.0.1:9/mcp", "--token", "t"])
     assert flags.config(a, Config(), trains=False).server_token == "t"
+
+
+def test_a_field_name_two_sections_share_gets_its_sections_flag():
+    """A field added later under a taken name must not break every command (argparse refuses a clash)."""
+    import argparse
+
+    from mcp_rl import flags
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--temperature")  # as if another section had it first
+    flags.add_flags(p, "rollout", ("rollout.temperature",))
+    assert flags.given(p.parse_args(["--rollout-temperature", "0.5"])) == {"rollout.temperature": 0.5}
