@@ -27,7 +27,8 @@ import yaml
 
 from .art_backend import check_art_settings
 from .config_types import check_own_types, check_types, quoted
-from .guard import ToolPolicy, short
+from .guard import ToolPolicy
+from .quote import short
 from .models import EMBEDDED
 from .redact import redact, redact_params
 from .rewards import RewardConfig
@@ -366,12 +367,27 @@ def _value(raw: str):
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     """`section.field=value` strings (values parsed as YAML: 3, 0.5, true, null, text)."""
-    data = to_dict(cfg)
+    values = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"override {item!r} must look like field=value or section.field=value")
-        *path, last = key.strip().split(".")
+        values[key.strip()] = (_value(raw), item)
+    return with_fields(cfg, values)
+
+
+def with_fields(cfg: Config, values: dict[str, Any], *, train_checks: bool = True) -> Config:
+    """`cfg` with `values` set ({"rollout.temperature": 0.5, "model": "x"}; a value may come as
+    (value, what the user wrote) for the messages), every field type-checked. train_checks=False, for
+    commands that roll out but never train, leaves out the check that an episode fits train.max_seq_len.
+
+    >>> with_fields(Config(), {"rollout.temperature": 0.5, "train.steps": 7.0}).train.steps
+    7
+    """
+    data = to_dict(cfg)
+    for key, value in values.items():
+        value, item = value if isinstance(value, tuple) else (value, f"{key}={value!r}")
+        *path, last = key.split(".")
         node = data
         for part in path:
             if not isinstance(node.get(part), dict):
@@ -379,5 +395,38 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
             node = node[part]
         if last not in node:
             raise ValueError(f"override {item!r}: unknown field {last!r}; known: {sorted(node)}")
-        node[last] = _value(raw)
+        node[last] = value
+    if train_checks:
+        return _build(Config, data, "config")
+    sections = {name: data.pop(name) for name in ("rollout", "reward", "train")}
+    out = _build(Config, {**data, **{name: getattr(cfg, name) for name in sections}}, "config")
+    out.train = _build(TrainConfig, sections["train"], "train")
+    out.reward = _build(RewardConfig, sections["reward"], "reward")
+    out.rollout = dataclasses.replace(_build(RolloutConfig, sections["rollout"], "rollout"), tool_policy=out.tool_policy())
+    return out
+
+
+def run_config(run_dir: str | Path) -> Config:
+    """The Config a run folder records (its config.json, read only): secrets, recorded as "<redacted>",
+    come back unset (pass them again: flags or the environment), custom reward functions (recorded by
+    name only) are left out, and fields this version no longer has are dropped."""
+    from .run_record import read_record
+
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{short(str(run_dir))} is not a run folder (no config.json): pass the --out of a train run")
+    data = read_record(path)
+    for *parts, key in SECRETS:
+        node = data
+        for part in parts:
+            node = node.get(part) or {}
+        if node.get(key) == "<redacted>":
+            node[key] = None
+    if isinstance(data.get("reward"), dict):
+        data["reward"].pop("custom", None)
+    for name, cls in (("", Config), ("rollout", RolloutConfig), ("reward", RewardConfig), ("train", TrainConfig)):
+        node = data.get(name, {}) if name else data
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in [k for k in node if k not in known] if isinstance(node, dict) else ():
+            node.pop(key)
     return _build(Config, data, "config")

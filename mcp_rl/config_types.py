@@ -18,17 +18,11 @@ import re
 import types
 import typing
 
-from .guard import short
+from .quote import quoted, short
 
 __all__ = ["check_types", "check_own_types", "quoted"]
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-def quoted(value) -> str:
-    """A value for a message: text as a short quoted prefix (`guard.short`), anything else cut to 40 chars."""
-    text = repr(value)
-    return short(value, 40) if isinstance(value, str) else text if len(text) <= 40 else text[:40] + "…"
 
 
 def _typed(value, hint, name: str):

@@ -59,7 +59,8 @@ from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
 # Re-exported: `from mcp_rl.connect import mcp_tool_to_openai` predates schemas.py, and
 # `make_client`, `describe_spec`, `stdio_env` predate specs.py.
-from .guard import READ_ONLY, ToolPolicy, ToolPolicyError, ToolsChanged, classify_tool, short, tool_hints
+from .guard import READ_ONLY, ToolPolicy, ToolPolicyError, ToolsChanged, classify_tool, tool_hints
+from .quote import short
 from .schemas import mcp_tool_to_openai, normalize_schema
 from .tool_results import _BAD_ARGS, _UNKNOWN_TOOL, ToolResult, _explained, _nbytes, result_to_text, truncate
 from .redact import redact

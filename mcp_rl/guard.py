@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .quote import SHORT_CHARS, short  # noqa: F401 - used here; also re-exported (runs.py imports it from guard)
 from .schemas import field_of
 
 __all__ = ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "ToolsChanged", "READ_ONLY", "SIDE_EFFECTS", "classify_tool", "tool_hints",
@@ -33,22 +34,6 @@ READ_ONLY = "read-only"
 SIDE_EFFECTS = "side effects"
 HINTS = (("readOnlyHint", "read_only_hint"), ("destructiveHint", "destructive_hint"),
          ("idempotentHint", "idempotent_hint"), ("openWorldHint", "open_world_hint"))
-SHORT_CHARS = 60  # what a message quotes of something sent to us
-
-
-def short(value: Any, limit: int = SHORT_CHARS) -> str:
-    """`value` quoted for a message, cut to a prefix: a model or client pays for every character
-    sent back, and a 100,000-character argument must not come back whole.
-
-    >>> short("employees")
-    "'employees'"
-    >>> short("x" * 100_000, 5)
-    "'xxxxx…' (100000 chars)"
-    """
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit] + '…'!r} ({len(text)} chars)"
 
 
 class ToolPolicyError(ValueError):
@@ -142,6 +127,15 @@ class ToolPolicy:
             raise ValueError(f"allow_side_effects must be true or false, got {self.allow_side_effects!r}")
         if self.allow is not None and not self.allow:
             raise ValueError("allow is empty: the agent would have no tools; name at least one, or pass None for all")
+
+    def as_dict(self) -> dict:
+        """Its fields as JSON values (what a trainer sends a rollout worker; `ToolPolicy(**d)` reads it back).
+
+        >>> ToolPolicy(allow=["a"]).as_dict()
+        {'allow': ['a'], 'deny': [], 'allow_side_effects': False}
+        """
+        return {"allow": None if self.allow is None else list(self.allow), "deny": list(self.deny),
+                "allow_side_effects": self.allow_side_effects}
 
     def admits(self, name: str) -> bool:
         """Whether a tool called `name` passes the name filters."""

@@ -25,7 +25,7 @@ from openai.types.chat.chat_completion_message_tool_call import (
 )
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
-from .guard import SHORT_CHARS, short
+from .quote import SHORT_CHARS, short
 
 __all__ = ["find_tool_calls", "choice_from_text", "tool_call_text"]
 

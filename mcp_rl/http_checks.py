@@ -115,7 +115,7 @@ def json_depth(value: Any) -> int:
 
 async def read_json(request: Any, max_bytes: int, *, too_big: str = "send less per request") -> Any:
     """The request's body as JSON, read at most `max_bytes` deep; BadRequest (413 / 400) otherwise."""
-    from .guard import short
+    from .quote import short
 
     over = BadRequest(413, f"the body is over {max_bytes} bytes; {too_big}")
     try:

@@ -7,6 +7,9 @@
     async with serve_http(company_server_command()) as url:    # scripts: for as long as a block runs
         ...
 
+    with server_spec("company", token) as spec:                 # a --server / Config.server value
+        asyncio.run(rollout(policy, spec, scenario))            # 'company' started, anything else as given
+
 Used by the demo and the notebooks so the agent talks to the company server
 over a real transport (streamable HTTP), one session per rollout.
 
@@ -34,6 +37,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER_SCRIPT = REPO / "mcp_server.py"
+COMPANY = "company"  # the server spec that names this repo's server, started over HTTP on a local port
 
 
 def company_server_command(db: str | Path | None = None) -> list[str]:
@@ -162,3 +166,23 @@ async def serve_http(argv: list[str], *, port: int | None = None, token: str | N
         yield server.url
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def server_spec(server: str, token: str | None = None):
+    """The ServerSpec rollouts use for a `--server` / `Config.server` value while the block runs:
+    'company' starts mcp_server.py over HTTP on a free port (stopped after the block), an http(s)
+    URL with a bearer `token` becomes {"url", "token"}, anything else (a .py file, a shell command,
+    a URL without a token) is the spec as it is. The one place that reads 'company'
+    (the CLI's commands and the rollout worker use it; mcp_rl.parts has its own for runs).
+
+    >>> with server_spec("http://127.0.0.1:9/mcp", "t") as spec: spec
+    {'url': 'http://127.0.0.1:9/mcp', 'token': 't'}
+    """
+    if server == COMPANY:
+        with HttpServer(company_server_command(), token=token) as started:
+            yield started.spec
+    elif token and server.startswith(("http://", "https://")):
+        yield {"url": server, "token": token}
+    else:
+        yield server

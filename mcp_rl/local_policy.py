@@ -2,6 +2,7 @@
 
     model, tokenizer = load_local_model()          # the embedded SmolLM2-135M
     policy = LocalPolicy(model, tokenizer)
+    policy = load_policy("smollm2", adapter="runs/demo")   # base model + a run's LoRA, in one call
     choice = await policy.complete(messages, tools, max_tokens=128, temperature=0.8)
 
 The policy samples from the model object in place, so a trainer that updates its
@@ -30,7 +31,7 @@ from .models import SMOLLM2, load_local_model, load_local_tokenizer
 from .policy import ContextOverflow, PolicyError, choice_from_text
 from .prefix_cache import PrefixCache
 
-__all__ = ["SMOLLM2", "load_local_model", "load_local_tokenizer", "LocalPolicy", "art_tokenizer",
+__all__ = ["SMOLLM2", "load_local_model", "load_local_tokenizer", "LocalPolicy", "load_policy", "art_tokenizer",
            "install_tool_template", "HERMES_TEMPLATE", "stop_string_end"]
 
 _TOOL_PREFIX = '<tool_call>\n{"name": "'
@@ -316,3 +317,23 @@ class LocalPolicy:
         finished = (stop is not None and stop < r.max_new) or text.rstrip().endswith(_STOP_STRING)
         return choice_from_text(text, tokenizer=self.tokenizer, token_ids=tokens, logprobs=lps,
                                 finish_reason="stop" if finished else "length")
+
+
+def load_policy(model: str | None = None, adapter: str | None = None, *, name: str | None = None,
+                quantize_4bit: bool = False, **policy_kw: Any) -> LocalPolicy:
+    """A LocalPolicy of `model` with the LoRA of `adapter` (a run folder: its newest checkpoint; a
+    checkpoint; ART's checkpoint folder; a peft adapter folder). Without `model`: the base the adapter
+    records, else the embedded smollm2. `name` (what clients ask for): the adapter folder's, else the
+    model's; `policy.base_model` says which base it loaded. `policy_kw` go to LocalPolicy (tool_prefix,
+    max_batch, reuse_prefix, ...)."""
+    from pathlib import Path
+
+    from .export import load_with_adapter, recorded_base_model
+
+    model = model or (recorded_base_model(adapter) if adapter else None) or SMOLLM2
+    weights, tokenizer = load_local_model(model, quantize_4bit=quantize_4bit)
+    if adapter:
+        weights = load_with_adapter(weights, adapter)
+    policy = LocalPolicy(weights, tokenizer, name=name or (Path(adapter).resolve().name if adapter else model), **policy_kw)
+    policy.base_model = model
+    return policy

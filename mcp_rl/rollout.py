@@ -30,8 +30,9 @@ from tqdm.auto import tqdm
 from .audit import record_tool_call
 from .connect import ServerUnavailable, ToolSession
 from .evidence import record_lookup
-from .guard import ToolPolicy, ToolPolicyError, short
+from .guard import ToolPolicy, ToolPolicyError
 from .policy import ContextOverflow, PolicyError, find_tool_calls
+from .quote import short
 
 COMPLETE_TOOL_NAME = "complete_task"
 COMPLETE_TOOL: dict = {

@@ -39,7 +39,6 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Literal
 
 from jinja2 import TemplateError
@@ -51,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from .guard import short  # a prefix of what a client sent, never all of it
+from .quote import short  # a prefix of what a client sent, never all of it
 from .http_checks import BadRequest, LoopbackOnly, read_json
 from .launch import free_port
 from .policy import ContextOverflow, find_tool_calls
@@ -318,34 +317,28 @@ def serve_policy(policy: Any, *, port: int = 8000, name: str | None = None, max_
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from .export import load_with_adapter, recorded_base_model
-    from .local_policy import SMOLLM2, LocalPolicy, load_local_model
+    from . import flags
+    from .config import Config
 
-    base = a.model or (recorded_base_model(a.adapter) if a.adapter else None) or SMOLLM2
-    model, tokenizer = load_local_model(base)
-    if a.adapter:
-        model = load_with_adapter(model, a.adapter)
-    name = a.name or (Path(a.adapter).resolve().name if a.adapter else base)
-    policy = LocalPolicy(model, tokenizer, name=name, tool_prefix=a.tool_prefix, max_batch=a.max_batch)
-    print(f"serving {name!r} ({base}{' + ' + a.adapter if a.adapter else ''}) at http://{HOST}:{a.port}/v1 "
-          f"(clients ask for model {name!r})", flush=True)
-    serve_policy(policy, port=a.port, name=name, max_tokens=a.max_tokens, request_timeout=a.request_timeout)
+    cfg = flags.config(a, Config(), trains=False)
+    policy = flags.local_policy(cfg, a.adapter, base_from_adapter="model" not in flags.given(a), name=a.name)
+    print(f"serving {policy.name!r} ({policy.base_model}{' + ' + a.adapter if a.adapter else ''}) at http://{HOST}:{a.port}/v1 "
+          f"(clients ask for model {policy.name!r})", flush=True)
+    serve_policy(policy, port=a.port, name=policy.name, max_tokens=a.max_tokens, request_timeout=a.request_timeout)
     return 0
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """The `serve` subcommand on cli.main's subparsers; sets `fn=cmd_serve`."""
+    """The `serve` subcommand on cli.main's subparsers; sets `fn=cmd_serve`. The model section's flags
+    are the Config fields' (mcp_rl/flags.py); --max-batch is policy_batch's older name."""
+    from . import flags
+
     sp = subparsers.add_parser("serve", help="serve a model (+ LoRA) as an OpenAI-compatible endpoint on 127.0.0.1",
                                description="OpenAI-compatible /v1/models and /v1/chat/completions (tools in, "
                                "tool_calls out) on 127.0.0.1, for any agent framework or MCP client.")
-    sp.add_argument("--model", help="'smollm2' (default), a Hugging Face id or folder; with --adapter, "
-                    "default: the adapter's base model")
-    sp.add_argument("--adapter", help="LoRA: a run folder (newest checkpoint), a checkpoint, ART's checkpoint "
-                    "folder or a peft adapter folder")
+    flags.add_model_flags(sp, endpoint=False)
     sp.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (default 8000)")
     sp.add_argument("--name", help="model name clients ask for (default: the adapter folder's name, else --model)")
-    sp.add_argument("--tool-prefix", action="store_true", help="force the <tool_call> envelope (tiny models)")
-    sp.add_argument("--max-batch", type=int, default=8, help="concurrent requests decoded as one batch")
     sp.add_argument("--max-tokens", type=int, default=1024,
                     help="the most new tokens a request gets; asking more is clamped to this (default 1024)")
     sp.add_argument("--request-timeout", type=float, default=300.0,

@@ -30,7 +30,7 @@ from typing import Any
 from .local_policy import _STOP_STRING, LocalPolicy
 from .models import EMBEDDED, SMOLLM2, _build_cache, _cache_dir, load_local_tokenizer
 
-__all__ = ["UnslothUnavailable", "import_unsloth", "load_unsloth_model", "UnslothPolicy", "LORA_TARGETS"]
+__all__ = ["UnslothUnavailable", "import_unsloth", "import_unsloth_if_used", "load_unsloth_model", "UnslothPolicy", "LORA_TARGETS"]
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _INSTALL = "pip install 'mcp-rl[unsloth]' on a CUDA GPU (Colab: the tutorial's install cell with INSTALL = 'unsloth')"
@@ -56,6 +56,15 @@ def import_unsloth() -> Any:
         raise UnslothUnavailable(f"Unsloth {what} ({type(e).__name__}: {first}): {_INSTALL}, "
                                  "or use train.loader=transformers") from None
     return unsloth
+
+
+def import_unsloth_if_used(cfg: Any) -> None:
+    """Import Unsloth now when `cfg` (a Config) trains with it (`train.loader='unsloth'`), else nothing.
+
+    Unsloth patches transformers and peft when imported, so a run with its loader calls this before
+    ART or the trainer import transformers: the CLI's `train`, notebook 01, bench/learning_proof.py."""
+    if cfg.train.loader == "unsloth":
+        import_unsloth()
 
 
 def _source(name_or_path: str) -> str:

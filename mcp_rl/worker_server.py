@@ -23,9 +23,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .guard import SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, classify_tool, short, tool_name
+from .guard import SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, classify_tool, tool_name
 from .http_checks import BadRequest, LoopbackOnly, is_loopback_url, read_json
 from .policy import ContextOverflow, PolicyError
+from .quote import short
 from .redact import redact
 from .rollout import RolloutConfig, gather_rollouts
 from .scenarios import Scenario
@@ -213,21 +214,20 @@ def cmd_rollout_worker(a: Any) -> int:
 
     import uvicorn
 
-    from .launch import HttpServer, company_server_command
+    from . import flags
+    from .config import Config
+    from .launch import server_spec
     from .serve import HOST
 
     if not 0 < a.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {a.port}")
     if not a.token and not a.insecure_no_token:  # before any server is started
         raise ValueError(NEED_TOKEN)
-    tools = ToolPolicy(allow=a.tools, deny=a.deny_tools or (), allow_side_effects=a.allow_side_effects)
+    cfg = flags.config(a, Config(), trains=False)
+    tools = cfg.tool_policy()
     _sigterm_unwinds()
     with contextlib.ExitStack() as stack:
-        server: Any = a.server
-        if a.server == "company":  # our server over HTTP, for as long as the worker runs
-            server = stack.enter_context(HttpServer(company_server_command(), token=a.server_token)).spec
-        elif a.server_token and a.server.startswith("http"):
-            server = {"url": a.server, "token": a.server_token}
+        server = stack.enter_context(server_spec(cfg.server, cfg.server_token))  # 'company': for the worker's life
         app = worker_app(server, token=a.token, insecure_no_token=a.insecure_no_token, tools=tools,
                          allow_remote_policy=a.allow_remote_policy, audit=a.audit)
         if not a.token:
@@ -235,7 +235,7 @@ def cmd_rollout_worker(a: Any) -> int:
                   "program on this machine can run tool calls against the server through it", file=sys.stderr, flush=True)
         offered = "tools " + ",".join(tools.allow) if tools.allow else \
             ("every tool" if tools.allow_side_effects else "read-only tools")
-        print(f"rollout worker for {redact(a.server)!r} at http://{HOST}:{a.port}/v1/rollouts "
+        print(f"rollout worker for {redact(cfg.server)!r} at http://{HOST}:{a.port}/v1/rollouts "
               f"({'token required' if a.token else 'NO TOKEN'}; {offered}"
               f"{'; minus ' + ','.join(tools.deny) if tools.deny else ''}"
               f"{'; any policy URL' if a.allow_remote_policy else ''})", flush=True)
@@ -244,26 +244,21 @@ def cmd_rollout_worker(a: Any) -> int:
 
 
 def add_worker_parser(subparsers: Any) -> Any:
-    """The `rollout-worker` subcommand on cli.main's subparsers."""
-    def names(text: str) -> list[str]:
-        return [n.strip() for n in text.split(",") if n.strip()]
+    """The `rollout-worker` subcommand on cli.main's subparsers. Its server section is the Config fields'
+    (mcp_rl/flags.py); --tools / --deny-tools / --allow-side-effects cap what a request may offer."""
+    from . import flags
 
     sp = subparsers.add_parser("rollout-worker", help="serve rollouts against an MCP server over HTTP on 127.0.0.1",
                                description="Run rollouts for a remote trainer (train --workers URL,...) next to an "
-                               "MCP server; the trainer's policy endpoint is called back for every turn.")
-    sp.add_argument("--server", required=True, help="'company', a .py file, a shell command, or an http(s) MCP URL")
-    sp.add_argument("--server-token", default=os.environ.get("MCP_RL_TOKEN"), help="bearer token of an HTTP MCP server")
+                               "MCP server; the trainer's policy endpoint is called back for every turn. The server "
+                               "section's tool flags are the most a request may offer the agent.")
+    flags.add_flags(sp, "server", flags.SERVER, required=("server",), aliases=False)  # --token is the worker's own
     sp.add_argument("--port", type=int, required=True, help="port on 127.0.0.1")
     sp.add_argument("--token", default=os.environ.get("MCP_RL_WORKER_TOKEN"),
                     help="require this bearer token from trainers (env MCP_RL_WORKER_TOKEN); required unless "
                     "--insecure-no-token")
     sp.add_argument("--insecure-no-token", action="store_true",
                     help="serve without a token: any program on this machine may run rollouts through the worker")
-    sp.add_argument("--tools", type=names, metavar="A,B,...",
-                    help="the most a request may offer the agent: only these server tools (whatever their class)")
-    sp.add_argument("--deny-tools", type=names, metavar="A,B,...", help="never offer these server tools")
-    sp.add_argument("--allow-side-effects", action="store_true",
-                    help="let requests offer tools not annotated read-only (default: read-only tools only)")
     sp.add_argument("--allow-remote-policy", action="store_true",
                     help="let a request's policy base_url be another machine (default: 127.0.0.1 / localhost only)")
     sp.add_argument("--audit", help="append every tool call the worker's rollouts make to this JSONL file")

@@ -45,7 +45,8 @@ from typing import Any
 import art
 import httpx
 
-from .guard import ToolPolicy, short
+from .guard import ToolPolicy
+from .quote import short
 from .redact import redact
 from .rollout import RolloutConfig
 from .scenarios import Scenario
@@ -92,9 +93,7 @@ class WorkerPool:
         gates = {u: asyncio.Semaphore(self.per_worker) for u in self.urls}
         self.stats = {"requests": 0, "retried": 0, "failed_workers": failed}
         rollout = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "tool_policy"}
-        tp = cfg.tool_policy or ToolPolicy()
-        tool_policy = {"allow": None if tp.allow is None else list(tp.allow), "deny": list(tp.deny),
-                       "allow_side_effects": tp.allow_side_effects}
+        tool_policy = (cfg.tool_policy or ToolPolicy()).as_dict()
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         timeout = httpx.Timeout(cfg.timeout + 60.0, connect=10.0)  # a rollout's own limit, plus the reply
 

@@ -199,3 +199,134 @@ def test_train_takes_every_preset_the_config_has(preset, code, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", "--preset", preset, "--help"])
     assert e.value.code == code
+
+
+# ---------------------------------------------------------------- one source of settings (mcp_rl/flags.py)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What reached the (scripted) model: the Config and adapter `_policy` was built from, and each
+    `complete` call's tools and sampling settings."""
+    seen: dict[str, list] = {"policy": [], "complete": []}
+
+    class Policy(ScriptedPolicy):
+        async def complete(self, messages, tools, **kw):
+            seen["complete"].append({"tools": [t["function"]["name"] for t in tools], **kw})
+            return await super().complete(messages, tools, **kw)
+
+    def script(messages):
+        done = sum(m["role"] == "assistant" for m in messages)
+        return {"tool": "lookup", "arguments": {"key": "k"}} if not done else \
+            {"tool": COMPLETE_TOOL_NAME, "arguments": {"answer": "1"}}
+
+    def policy(*args, **kw):  # (cfg, a): the Config and the parsed flags
+        seen["policy"].append(args)
+        return Policy(script)
+
+    monkeypatch.setattr(cli, "_policy", policy)
+    return seen
+
+
+def test_rollout_samples_at_the_rollout_configs_temperature(server, recorded):
+    """The CLI said 0.0 and RolloutConfig 1.0; the dataclass's default is the one default now."""
+    from mcp_rl.rollout import RolloutConfig
+
+    assert cli.main(["rollout", "--server", server, "--task", "Look up k.", "--tools", "lookup"]) == 0
+    assert {c["temperature"] for c in recorded["complete"]} == {RolloutConfig().temperature} == {1.0}
+    assert cli.main(["rollout", "--server", server, "--task", "Look up k.", "--tools", "lookup",
+                     "--temperature", "0.3", "--max-turns", "20"]) == 0  # 20 turns: no train.max_seq_len check
+    assert recorded["complete"][-1]["temperature"] == 0.3
+
+
+def test_eval_is_greedy_by_the_eval_sections_default(server, recorded, tmp_path):
+    from mcp_rl.config import TrainConfig
+
+    scenarios = tmp_path / "s.jsonl"
+    scenarios.write_text(json.dumps({"id": "s0", "task": "Look up k.", "answer": "1", "split": "test"}) + "\n")
+    argv = ["eval", "--server", server, "--scenarios", str(scenarios), "--tools", "lookup"]
+    assert cli.main(argv) == 0
+    assert {c["temperature"] for c in recorded["complete"]} == {TrainConfig().eval_temperature} == {0.0}
+    assert cli.main([*argv, "--temperature", "0.7"]) == 0 and recorded["complete"][-1]["temperature"] == 0.7
+
+
+def test_eval_run_uses_the_runs_config_and_checkpoint_with_flags_over_it(server, recorded, tmp_path):
+    from mcp_rl.config import Config, redacted
+
+    scenarios = tmp_path / "s.jsonl"
+    scenarios.write_text("".join(json.dumps({"id": f"s{i}", "task": "Look up k.", "answer": "1", "split": "test"}) + "\n"
+                                 for i in range(5)))
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = Config(server=server, server_token="s3cret", server_tools=["lookup"], scenarios=str(scenarios), model="m0",
+                 rollout={"max_turns": 3, "max_tokens": 64}, train={"eval_scenarios": 2, "eval_temperature": 0.25})
+    (run / "config.json").write_text(json.dumps({**redacted(cfg), "a_field_of_an_older_version": 1}))
+    assert cli.main(["eval", "--run", str(run)]) == 0
+    used, a = recorded["policy"][-1]
+    assert a.run == str(run) and a.adapter is None  # _policy loads the run's newest checkpoint
+    assert used.model == "m0" and used.server_token is None  # a secret is never recorded: pass it again
+    assert len(recorded["complete"]) == 2 * 2  # the run's 2 eval scenarios, 2 turns each
+    assert {(c["temperature"], c["max_tokens"]) for c in recorded["complete"]} == {(0.25, 64)}
+    assert recorded["complete"][0]["tools"] == ["lookup", COMPLETE_TOOL_NAME]  # the run's tool policy
+    assert cli.main(["eval", "--run", str(run), "--temperature", "0.5", "--n", "1", "--model", "m1"]) == 0
+    assert recorded["policy"][-1][0].model == "m1" and recorded["complete"][-1]["temperature"] == 0.5
+    assert len(recorded["complete"]) == 4 + 2
+
+
+def test_every_config_field_a_flag_can_set_is_a_train_flag_with_its_help(capsys):
+    import dataclasses
+
+    from mcp_rl import flags
+    from mcp_rl.config import Config, TrainConfig
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    help_of = {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
+    assert "--warm-start-gate-scenarios WARM_START_GATE_SCENARIOS " + help_of["warm_start_gate_scenarios"] in text
+    paths = [p for section in ("", "rollout", "reward", "train") for p in flags.flags_of(section)]
+    assert len(paths) > 70 and "reward.custom" not in paths and "rollout.tool_policy" not in paths
+    actions = {a.dest: a for a in cli.parser()._subparsers._group_actions[0].choices["train"]._actions}
+    assert [p for p in paths if "cfg:" + p not in actions] == []
+    assert Config().train.steps == 3  # the help's default is the dataclass's
+    assert "GRPO steps (default: 3)" in text
+
+
+def test_train_flags_set_config_fields_over_the_preset_and_set(monkeypatch):
+    import mcp_rl.runs
+
+    seen = []
+
+    async def fake_run(cfg, resume=False):
+        seen.append(cfg)
+
+    monkeypatch.setattr(mcp_rl.runs, "run", fake_run)
+    assert cli.main(["train", "--preset", "cpu", "--steps", "7", "--no-gradient-checkpointing", "--judge-retries", "5",
+                     "--max-turns", "4", "--set", "train.steps=9", "--set", "train.lora_r=4"]) == 0
+    cfg = seen[-1]
+    assert (cfg.train.steps, cfg.train.lora_r, cfg.train.gradient_checkpointing) == (7, 4, False)  # flags over --set
+    assert (cfg.reward.judge_retries, cfg.rollout.max_turns, cfg.rollout.max_tokens) == (5, 4, 96)  # the rest: cpu's
+    assert cli.main(["train", "--max-turns", "40"]) == 2  # training still checks an episode fits max_seq_len
+
+
+def test_the_token_flags_default_to_the_environment(monkeypatch):
+    from mcp_rl import flags
+    from mcp_rl.config import Config
+
+    monkeypatch.setenv("MCP_RL_TOKEN", "from-env")
+    a = cli.parser().parse_args(["tools", "--server", "http://127.0.0.1:9/mcp"])
+    assert flags.config(a, Config(), trains=False).server_token == "from-env"
+    a = cli.parser().parse_args(["tools", "--server", "http://127.0.0.1:9/mcp", "--token", "t"])
+    assert flags.config(a, Config(), trains=False).server_token == "t"
+
+
+def test_a_field_name_two_sections_share_gets_its_sections_flag():
+    """A field added later under a taken name must not break every command (argparse refuses a clash)."""
+    import argparse
+
+    from mcp_rl import flags
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--temperature")  # as if another section had it first
+    flags.add_flags(p, "rollout", ("rollout.temperature",))
+    assert flags.given(p.parse_args(["--rollout-temperature", "0.5"])) == {"rollout.temperature": 0.5}

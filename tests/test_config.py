@@ -176,3 +176,30 @@ def test_an_infinite_learning_rate_is_refused():
     """Probe, round 2: `learning_rate: .inf` passed the > 0 check."""
     with pytest.raises(ValueError, match="finite number > 0"):
         apply_overrides(preset("cpu"), ["train.learning_rate=.inf"])
+
+
+def test_run_config_reads_a_runs_record_without_its_secrets(tmp_path):
+    import json
+
+    from mcp_rl.config import redacted, run_config
+
+    def fn(traj, scenario):
+        return 0.0
+
+    cfg = preset("cpu", server_token="s3cret", worker_token="w", model="m", train={"steps": 5},
+                 reward={"judge_api_key": "k", "custom": [("c", fn, 0.5)]})
+    (tmp_path / "config.json").write_text(json.dumps({**redacted(cfg), "gone_field": 1}))
+    back = run_config(tmp_path)
+    assert (back.model, back.train.steps, back.rollout.max_tokens) == ("m", 5, cfg.rollout.max_tokens)
+    assert (back.server_token, back.worker_token, back.reward.judge_api_key, back.reward.custom) == (None, None, None, [])
+    with pytest.raises(ValueError, match="not a run folder"):
+        run_config(tmp_path / "nothing")
+
+
+def test_with_fields_without_train_checks_takes_any_turn_budget():
+    from mcp_rl.config import with_fields
+
+    with pytest.raises(ValueError, match="max_seq_len"):
+        with_fields(Config(), {"rollout.max_turns": 40})
+    cfg = with_fields(Config(server_tools=["a"]), {"rollout.max_turns": 40}, train_checks=False)
+    assert cfg.rollout.max_turns == 40 and cfg.rollout.tool_policy.allow == ("a",)

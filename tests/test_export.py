@@ -17,7 +17,7 @@ from transformers.utils.quantization_config import QuantizationMethod
 
 from mcp_rl import cli
 from mcp_rl.export import _unquantized, find_adapter, load_with_adapter, merge_adapter, recorded_base_model
-from mcp_rl.local_policy import load_local_tokenizer
+from mcp_rl.local_policy import load_local_tokenizer, load_policy
 from mcp_rl.models import dtype_kwarg, tiny_llama
 
 IDS = torch.tensor([[1, 17, 230, 4051, 99, 12, 7, 2048]])
@@ -252,7 +252,7 @@ def test_load_with_adapter_takes_an_art_run(lora, base_dir, tmp_path):
 
 def test_eval_policy_takes_a_run_folder_and_its_recorded_base(lora, base_dir, tmp_path):
     given, _ = LAYOUTS["portable run"](lora, tmp_path, base_dir)
-    policy = cli._policy(None, base_url=None, api_key_env=None, adapter=str(given), tool_prefix=False)
+    policy = load_policy(adapter=str(given))  # what eval/rollout/serve --adapter build (cli._policy, cmd_serve)
     assert isinstance(policy.model, PeftModel) and (logits(policy.model) - lora.peft).abs().max() < 1e-5
 
 

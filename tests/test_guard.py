@@ -279,3 +279,10 @@ async def test_a_change_the_policy_admits_goes_on_with_the_new_tool(side_effects
         await s.call("arm", {})
         assert (await s.call("lookup", {"key": "x"})).text == "deleted x"
     assert ran == ["lookup, re-registered"]
+
+
+def test_short_has_one_home_and_guard_still_offers_it():
+    """`short` lived in guard.py and six modules imported it from there; mcp_rl.quote is its home."""
+    from mcp_rl import guard, quote
+
+    assert guard.short is quote.short and guard.SHORT_CHARS == quote.SHORT_CHARS == 60

@@ -81,3 +81,22 @@ def test_the_session_fails_when_a_test_leaves_a_server_running(tmp_path, stop):
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_server_spec_starts_company_for_the_block_and_passes_the_rest_as_given():
+    """The one reading of a --server value that the CLI's commands and the rollout worker share."""
+    import socket as socket_module
+
+    from mcp_rl.launch import server_spec
+
+    with server_spec("company", "tok") as spec:
+        port = int(spec["url"].rsplit(":", 1)[1].split("/")[0])
+        assert spec["token"] == "tok" and spec["url"].startswith("http://127.0.0.1:")
+        socket_module.create_connection(("127.0.0.1", port), timeout=5).close()  # listening during the block
+    with pytest.raises(OSError):
+        socket_module.create_connection(("127.0.0.1", port), timeout=2).close()  # stopped after it
+    with server_spec("https://h/mcp", "t") as spec:
+        assert spec == {"url": "https://h/mcp", "token": "t"}
+    for plain in ("mcp_server.py", "uvx some-server", "http://h/mcp"):  # no token: the spec as it is
+        with server_spec(plain) as spec:
+            assert spec == plain

@@ -319,3 +319,19 @@ async def test_a_finished_row_is_answered_while_the_batch_decodes_on(tok, tiny):
     alone = await policy.complete(CONVERSATIONS[0], [], max_tokens=8, temperature=0)
     assert ids_of(alone) == ids_of(short) and [t.logprob for t in alone.logprobs.content] == pytest.approx(
         [t.logprob for t in short.logprobs.content], abs=1e-5)
+
+
+def test_load_policy_puts_an_adapters_lora_on_its_recorded_base(tmp_path):
+    """Base model + adapter -> LocalPolicy, which `rollout`/`eval` and `serve` each wrote out."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from mcp_rl.local_policy import load_policy
+
+    model, _ = load_local_model()
+    lora = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    lora.save_pretrained(tmp_path / "my-run")
+    policy = load_policy(adapter=str(tmp_path / "my-run"), max_batch=3, tool_prefix=True)
+    assert isinstance(policy.model, PeftModel) and policy.base_model == "smollm2"  # the base the adapter records
+    assert (policy.name, policy.max_batch, policy.tool_prefix) == ("my-run", 3, True)
+    plain = load_policy("smollm2", name="served")
+    assert not isinstance(plain.model, PeftModel) and (plain.name, plain.base_model) == ("served", "smollm2")

@@ -24,6 +24,8 @@ import openai
 import pytest
 import torch
 
+from mcp_rl import flags
+from mcp_rl.config import Config
 from mcp_rl.launch import HttpServer, company_server_command
 from mcp_rl.local_policy import LocalPolicy, load_local_model, load_local_tokenizer
 from mcp_rl.policy import OpenAIPolicy, ScriptedPolicy
@@ -284,8 +286,12 @@ def test_serve_parser_and_a_taken_port(tok):
     sub = argparse.ArgumentParser().add_subparsers(dest="cmd")
     add_serve_parser(sub)
     a = sub.choices["serve"].parse_args(["--adapter", "runs/demo", "--port", "9001"])
-    assert (a.model, a.adapter, a.port, a.name, a.tool_prefix, a.max_batch) == (None, "runs/demo", 9001, None, False, 8)
+    cfg = flags.config(a, Config(), trains=False)  # the model section is the Config fields'
+    assert (flags.given(a), a.adapter, a.port, a.name, cfg.tool_prefix, cfg.policy_batch) == (
+        {}, "runs/demo", 9001, None, False, 8)
     assert a.fn.__name__ == "cmd_serve"
+    a = sub.choices["serve"].parse_args(["--max-batch", "32", "--tool-prefix", "--model", "m"])  # older name kept
+    assert flags.given(a) == {"policy_batch": 32, "tool_prefix": True, "model": "m"}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

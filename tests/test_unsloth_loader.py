@@ -136,3 +136,17 @@ def test_pipeline_without_cuda_stops_with_the_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UnslothUnavailable, match="needs a CUDA GPU"):
         build_trainer(preset("t4-unsloth"))
+
+
+def test_import_unsloth_if_used_imports_only_for_the_unsloth_loader(monkeypatch):
+    """The step the CLI's train, notebook 01 and learning_proof.py each wrote out; one builder now."""
+    from types import SimpleNamespace as NS
+
+    from mcp_rl import unsloth_loader
+
+    calls = []
+    monkeypatch.setattr(unsloth_loader, "import_unsloth", lambda: calls.append(1))
+    unsloth_loader.import_unsloth_if_used(NS(train=NS(loader="transformers")))
+    assert calls == []
+    unsloth_loader.import_unsloth_if_used(NS(train=NS(loader="unsloth")))
+    assert calls == [1]
