@@ -30,7 +30,8 @@ PARAMS = {"PRESET": "cpu", "MODEL": "smollm2", "STEPS": 20, "GROUPS_PER_STEP": 4
           "OVERRIDES": ["train.precision=fp16", "rollout.concurrency=32", "policy_batch=32",
                         "rollout.temperature=0.7", "train.learning_rate=1e-4", "train.warm_start_lr=5e-4",
                         "train.micro_batch_size=4", "train.max_seq_len=8192", "train.lora_r=16",
-                        "train.lora_alpha=32", "train.eval_warm_start=true"]}
+                        "train.lora_alpha=32", "train.eval_warm_start=true",
+                        "policy_reuse_prefix=false"]}  # as on the t4 path: the cpu preset turns it on (exact in float32 only)
 STARTUP = """import torch
 if torch.cuda.is_available():
     _total = torch.cuda.get_device_properties(0).total_memory
