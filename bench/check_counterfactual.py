@@ -48,12 +48,25 @@ async def measure(server, scenarios, k: int = 4, seed: int = 0) -> str:
         if t.metrics.get("grounded", 0) < 0.999:
             refused.append(f"- {scenario.id} {scenario.answer!r}: {scenario.reference[:120]} | worlds "
                            f"{t.metadata.get('counterfactual', '')[:200]}")
+    build, replay = [], []  # the cost split: building K worlds (once per group) and one replay on all of them
+    for _ in range(10):
+        worlds = for_server(server, k=k, seed=seed)
+        async with worlds:
+            t0 = time.perf_counter()
+            await worlds.replay("run_query", {"sql": "SELECT 1"})
+            t1 = time.perf_counter()
+            for sc in scenarios[:20]:
+                await worlds.replay("run_query", {"sql": sc.reference})
+            build.append(t1 - t0)
+            replay.append((time.perf_counter() - t1) / 20)
     n = len(scenarios)
     secs.sort()
     return "\n".join([
         f"demonstrations grounded without the replay: {plain}/{n}; with it (k={k} worlds, seed {seed}): {cf}/{n}",
         f"scoring time per trajectory (one-trajectory groups, worlds built per group as in score_group): mean "
         f"{1000 * sum(secs) / n:.0f} ms, median {1000 * secs[n // 2]:.0f} ms, max {1000 * secs[-1]:.0f} ms",
+        f"cost split: building the {k} worlds (copies + in-process servers) {1000 * sum(build) / 10:.0f} ms per group; "
+        f"one lookup replayed on all {k} {1000 * sum(replay) / 10:.1f} ms",
         *(["refused by the replay:"] + refused if refused else []),
     ])
 

@@ -77,7 +77,8 @@ def _texts(vals: list, rng: random.Random, world: int, copies: int) -> list:
     present = [v for v in vals if v is not None]
     distinct = sorted(set(present))
     if not world:  # the copies of one value in ten (all, if the values are distinct) get "y": COUNT(DISTINCT) moves
-        other = set(distinct) if len(distinct) == len(present) else set(rng.sample(distinct, max(1, len(distinct) // 10)))
+        real = [v for v in vals[:len(vals) - copies] if v is not None]
+        other = set(distinct) if len(set(real)) == len(real) else set(rng.sample(distinct, max(1, len(distinct) // 10)))
         return [None if v is None else v + ("y" if v in other and i >= len(vals) - copies else SUFFIX)
                 for i, v in enumerate(vals)]
     order = distinct[:]
