@@ -10,7 +10,9 @@ turns them into (values, arguments) pairs for `mcp_rl.verify.shown`: a result th
 (any format `mcp_rl.sqlresults.parse_table` knows) gives its cells only, so a row count footer
 ("(1 row)") or a column name is no evidence of the number 1; an error in disguise
 ("Database error: ...") gives nothing. The rule sees tool results, not a schema: it holds for any
-server. DESIGN.md ("The grounding rule") says what it accepts and rejects.
+server. Where scoring replayed the lookups on counterfactual worlds (mcp_rl.counterfactual), the record
+`metadata["counterfactual"]` rides along as a third element of each pair. DESIGN.md ("The grounding
+rule") says what it accepts and rejects.
 """
 
 from __future__ import annotations

@@ -322,11 +322,12 @@ async def _replay(trajs: list[art.Trajectory], expected: Any, scenario: Any, cfg
     outcome goes on each trajectory (metadata["counterfactual"]) for `_apply` and any later re-scoring."""
     question = str(getattr(scenario, "task", "") or "")
     opts = dict(rel_tol=cfg.rel_tol, abs_tol=cfg.abs_tol, exact_integers=cfg.exact_integers)
-    todo = [t for t in trajs if verify_answer(_answer(t, cfg), expected, question=question, **opts) > 0]
-    if not todo:
-        return
     cache: dict = {}  # a group's episodes often send the same query
+    todo: list[art.Trajectory] = []
     try:
+        todo = [t for t in trajs if verify_answer(_answer(t, cfg), expected, question=question, **opts) > 0]
+        if not todo:
+            return
         async with (worlds if hasattr(worlds, "__aenter__") else contextlib.nullcontext(worlds)):
             for t in todo:
                 t.metrics["counterfactual_replays"] = await replay_lookups(t, expected, question, worlds, opts, cache)

@@ -329,7 +329,9 @@ def shown(expected: Any, evidence: Evidence, question: str = "", rel_tol: float 
     """Whether some successful tool result in `evidence` shows `expected`: the grounding rule.
 
     The value must be in what the server returned, and not merely echoed from the call's own
-    arguments (`SELECT 'Engineering'`, `SELECT 42`) unless the question itself names it. A yes/no
+    arguments (`SELECT 'Engineering'`, `SELECT 42`) unless the question itself names it. Where an
+    evidence entry carries a third element, the values its call showed when replayed on counterfactual
+    worlds (mcp_rl.counterfactual), the value must also have moved in one of them (`_moved`). A yes/no
     answer cannot be read off a result: any successful lookup grounds it.
 
     >>> shown("Engineering", [("Engineering", "SELECT d.name FROM departments d ...")])
@@ -364,8 +366,8 @@ _ARITH = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([-+*/])\s*(\d+(?:\.\d+)?)(?![
 def _echoed(args: str, exp: Any, opts: tuple) -> bool:
     """The call's own arguments make the value: written out (`SELECT 42`), split into literals that are
     joined (`'E' || 'ngineering'`), or computed from two literals (`SELECT 55-13`). Cheap checks, not a
-    proof: hex and char() encodings still pass (bench/check_cheats.py); a counterfactual replay of the
-    call against other data would close them."""
+    proof: hex and char() encodings pass them; the counterfactual replay (mcp_rl.counterfactual, read by
+    `_moved`) refuses those where the scoring has worlds (bench/check_cheats.py measures both)."""
     text = _INCIDENTAL.sub(" ", args)
     if _holds(text, exp, opts):
         return True

@@ -275,3 +275,20 @@ def test_rescore_flips_a_stored_row_the_verifier_now_refuses(tmp_path, monkeypat
     res = rescore(path)
     assert (res["n"], res["stored"], res["rescored"]) == (3, 2 / 3, 1 / 3)
     assert [f[0] for f in res["flips"]] == ["a"]
+
+
+@pytest.mark.parametrize("record,grounded", [(None, 1.0), ('{"0": ["42", "42"]}', 0.0), ('{"0": ["40", "42"]}', 1.0)])
+def test_rescore_reads_a_rows_counterfactual_record(monkeypatch, record, grounded):
+    """bench/rescore.py rebuilds evidence from the transcript and, where the row kept one, the replay record."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    from rescore import grounded as rescored
+
+    sql = "SELECT CAST(x'3432' AS INTEGER)"
+    transcript = ("[user] How many?\n[assistant] <tool_call>" + json.dumps({"name": "run_query", "arguments": {"sql": sql}})
+                  + "</tool_call>\n[tool] v\n--\n42\n(1 row)\n[assistant] <tool_call>"
+                  + json.dumps({"name": "complete_task", "arguments": {"answer": "42"}}) + "</tool_call>")
+    row = {"answer": "42", "expected": 42, "completed": True, "task": "How many?", "transcript": transcript,
+           **({"counterfactual": record} if record else {})}
+    assert rescored(row) == (1.0, grounded)
