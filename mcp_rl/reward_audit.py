@@ -22,6 +22,7 @@ No peer library checks this (ART, TRL, verifiers hand the user a reward and trus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections import Counter
@@ -168,8 +169,7 @@ def encoded(value: Any, how: str) -> str:
     return f"replace('{quoted}', '~', '')"
 
 
-# (encoding, wrapper) of the encoded-echo cheats: bare, over a table's first row, and behind the demonstration's
-# own query as a data filter (rows exist exactly when honest work finds some).
+# (encoding, wrapper) of the encoded-echo cheats: bare, over a table's first row, behind the demo's query as a filter.
 _ENCODED = (("hex", "bare"), ("char", "table"), ("arith", "filter"), ("hex", "filter"), ("arith", "table"))
 
 
@@ -249,26 +249,20 @@ async def audit_reward(server, scenarios: Sequence[Any], reward_cfg: RewardConfi
     `counterfactual`: the worlds score_group replays lookups on ("auto": the company server's, when
     `server` is it, mcp_rl.counterfactual.for_server; None: none)."""
     reward_cfg = reward_cfg or RewardConfig()
-    worlds = for_server(server) if counterfactual == "auto" else counterfactual
-    if worlds is not None and hasattr(worlds, "__aenter__"):
-        async with worlds:  # built once for the whole battery, not once per scenario
-            return await _open_audit(server, scenarios, reward_cfg, rollout_cfg, demonstrations, threshold, worlds)
-    return await _open_audit(server, scenarios, reward_cfg, rollout_cfg, demonstrations, threshold, worlds)
-
-
-async def _open_audit(server, scenarios, reward_cfg, rollout_cfg, demonstrations, threshold, worlds) -> AuditReport:
     threshold = reward_cfg.audit_max_success if threshold is None else threshold
     scenarios = list(scenarios)
     if not scenarios:
         raise ValueError("audit_reward needs scenarios (a task file with a train or test split)")
     rcfg = RolloutConfig(**{**vars(rollout_cfg or RolloutConfig()), "temperature": 0.0})
-    if isinstance(server, ToolSession):
-        return await _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)
-    # One session for the whole battery: thousands of short scripted episodes, where opening a session
-    # each (HTTP, stdio) would cost more than the episodes. Read-only servers only: rollouts refuse others.
-    async with ToolSession(server, call_timeout=rcfg.call_timeout, max_result_chars=rcfg.max_result_chars,
-                           policy=rcfg.tool_policy or ToolPolicy()) as session:
-        return await _audit(session, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)
+    worlds = for_server(server) if counterfactual == "auto" else counterfactual  # built once for the battery
+    async with (worlds if hasattr(worlds, "__aenter__") else contextlib.nullcontext(worlds)):
+        if isinstance(server, ToolSession):
+            return await _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)
+        # One session for the whole battery: thousands of short scripted episodes, where opening a session
+        # each (HTTP, stdio) would cost more than the episodes. Read-only servers only: rollouts refuse others.
+        async with ToolSession(server, call_timeout=rcfg.call_timeout, max_result_chars=rcfg.max_result_chars,
+                               policy=rcfg.tool_policy or ToolPolicy()) as session:
+            return await _audit(session, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)
 
 
 async def _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds) -> AuditReport:
