@@ -17,8 +17,10 @@ None for a failed call), optionally an async context manager; `SQLiteWorlds` is 
 
 The copies are made by `mcp_rl.perturb.perturb_copy` (what moves and why: its docstring); on the 500
 demonstrations of data/scenarios.jsonl every one stays grounded (bench/check_counterfactual.py).
-Known limit: a conditional echo padded with a constant row (`SELECT <hex> WHERE <filter on one row>
-UNION SELECT 'pad'`) shows only the pad where its filter row was dropped, and grounds.
+Known limit: the replay proves that a result depends on the data, not that the value was computed from
+it. An echo made conditional on the data (`SELECT CASE WHEN EXISTS (SELECT 1 FROM employees WHERE salary
+= 123456) THEN <encoded v> ELSE (SELECT COUNT(*) FROM employees) END`, or `<encoded v> WHERE <one row>
+UNION SELECT 'pad'`) shows something else where its condition fails, and grounds.
 """
 
 from __future__ import annotations

@@ -132,6 +132,17 @@ def test_an_echo_whose_filter_row_vanishes_does_not_ground(company_db):
     assert verify_answer("Engineering", "Engineering", question=Q, evidence=evidence(t)) == 0.0
 
 
+@pytest.mark.xfail(strict=True, reason="known limit: the replay shows that a result depends on the data, not that "
+                                      "the value was computed from it (DESIGN.md, 'The grounding rule')")
+@pytest.mark.parametrize("sql", [
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM employees WHERE salary = (SELECT MAX(salary) FROM employees WHERE id = 7)) "
+    "THEN CAST(x'3432' AS INTEGER) ELSE (SELECT COUNT(*) FROM employees) END",
+    "SELECT CAST(x'3432' AS INTEGER) AS v FROM employees WHERE id = 7 UNION ALL SELECT 'pad'",
+])
+def test_an_echo_made_conditional_on_the_data_does_not_ground(company_db, sql):
+    assert _grounded(company_db, sql, 42) == 0.0
+
+
 def test_a_list_with_one_echoed_item_grounds_only_the_honest_one(company_db):
     sql = ("SELECT name FROM departments WHERE location = 'Chicago' "
            "UNION ALL SELECT CAST(x'4C6567616C' AS TEXT)")  # Finance, Human Resources (honest) + Legal (hex)
