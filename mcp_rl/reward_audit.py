@@ -178,7 +178,7 @@ def _echo_sql(scenario: Any, how: str, where: str, sql: str) -> str:
     table = (tables_in_sql(sql) or [""])[0]
     tail = {"bare": "", "table": f' FROM "{table}" LIMIT 1' if table else "",
             "filter": f" WHERE EXISTS ({sql.rstrip(' ;')})"}[where]
-    return " UNION ALL ".join(f"SELECT {encoded(v, how)} AS v{tail}" for v in items)
+    return " UNION ALL ".join(f"SELECT v FROM (SELECT {encoded(v, how)} AS v{tail})" for v in items)  # LIMIT, UNION
 
 
 def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
