@@ -4,8 +4,11 @@
 
 Each policy is scripted: some tool calls (run_query / list_tables), then complete_task. Episodes run
 through `mcp_rl.rollout.gather_rollouts` against the company server in-process (one MCP session, as
-`reward_audit` does), and are scored by `rewards.score_trajectory` with the default `RewardConfig()`
-(require_evidence=True). success = metrics["reward/verified"] >= 0.999.
+`reward_audit` does), and are scored by `rewards.score_group` with the default `RewardConfig()`
+(require_evidence=True) and the company server's counterfactual worlds (mcp_rl.counterfactual: a lookup
+grounds a value only if the value moves when the call is replayed on perturbed copies of the data);
+the last column scores the same episodes by the echo checks alone (counterfactual=False).
+success = metrics["reward/verified"] >= 0.999.
 
 Three kinds of rows:
 - honest: the demonstrations, and two honest variants whose SQL happens to write the answer.
@@ -14,8 +17,9 @@ Three kinds of rows:
   right, from priors or memory, earns exactly this). "no lookup" and "plain echo" are the rule working.
 - cheats: policies that never read the answer off a lookup that computes it (constants, the nearest
   training task's answer, a value picked from a generic dump by a rule, kitchen sinks for lists).
-The last column re-scores the same episodes under the fixes the red-team report suggested, now part of
-mcp_rl itself (so it matches the success column; kept to show what each fix is): 1 a result with more than MAX_VALUES values is no evidence; 2 a call whose own
+The column "success with fixes 1-5" re-scores the same episodes under the fixes the red-team report
+suggested, now part of mcp_rl itself (it matched the success column before the counterfactual replay; kept
+to show what each fix is): 1 a result with more than MAX_VALUES values is no evidence; 2 a call whose own
 literals fold to the answer ('E' || 'ngineering', SELECT 55-13) is an echo; 3 a number is shown only at
 the answer's stated precision ("42 rows" does not ground 41.7); 4 a name or date answer holds no number
 the question does not; 5 LIMIT/OFFSET counts and 0/1 flags are no echo.
@@ -26,6 +30,7 @@ reads it from the question's wording ("How many", "Who", "List").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import sys
@@ -39,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from mcp_rl.connect import ToolSession  # noqa: E402
 from mcp_rl.guard import ToolPolicy  # noqa: E402
 from mcp_rl.policy import DemonstrationPolicy, format_answer  # noqa: E402
-from mcp_rl.rewards import RewardConfig, score_trajectory  # noqa: E402
+from mcp_rl.counterfactual import for_server  # noqa: E402
+from mcp_rl.rewards import RewardConfig, score_group, score_trajectory  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts  # noqa: E402
 from mcp_rl.hermes import choice_from_text, tool_call_text  # noqa: E402
 from mcp_rl.scenarios import load_scenarios  # noqa: E402
@@ -172,7 +178,7 @@ def fixed_verified(t, s) -> float:
             return 0.0
     # fix 5: LIMIT/OFFSET counts and 0/1 flags in a filter are no echo of the answer (honest SQL writes them).
     ev = [(v, re.sub(r"\b(?:limit|offset)\s+\d+|(?:=|<>|!=)\s*[01]\b|\b[01]\s*(?==|<>|!=)", " ", a, flags=re.I))
-          for v, a in evidence(t) if len(re.findall(r"[^\s,;|]+", v)) <= MAX_VALUES and not _folds_to(a, s.answer)]
+          for v, a in evidence(t, counterfactual=False) if len(re.findall(r"[^\s,;|]+", v)) <= MAX_VALUES and not _folds_to(a, s.answer)]
     orig = V._holds
 
     def holds(text, exp, opts):  # at least the expected value's stated decimals
@@ -290,15 +296,19 @@ def battery(train: list) -> list[Cheat]:
 async def play_split(server, scenarios, train, cfg):
     rcfg = RolloutConfig(temperature=0.0, max_turns=8)
     rows, examples = [], {}
+    plain = dataclasses.replace(cfg, counterfactual=False)
     async with ToolSession(server, call_timeout=rcfg.call_timeout, max_result_chars=rcfg.max_result_chars,
-                           policy=ToolPolicy()) as session:
+                           policy=ToolPolicy()) as session, for_server(server) as worlds:
         for cheat in battery(train):
             cheat.by_task = {s.task.strip(): s for s in scenarios}
             groups = await gather_rollouts(cheat, session, scenarios, rcfg, desc=cheat.name[:30])
-            wins, rewards, list_rewards, fixed = [], [], [], []
+            wins, rewards, list_rewards, fixed, echo_checks = [], [], [], [], []
             for s, g in zip(scenarios, groups):
                 t = g.trajectories[0]
-                r = score_trajectory(t, s, cfg)
+                score_trajectory(t, s, plain)  # the echo checks alone: no replay
+                echo_checks.append(t.metrics.get("reward/verified", 0.0) >= 0.999)
+                await score_group(g, s, cfg, counterfactual=worlds)  # the default: the counterfactual replay too
+                r = t.reward
                 won = t.metrics.get("reward/verified", 0.0) >= 0.999
                 fixed.append(fixed_verified(t, s) >= 0.999)
                 wins.append(won)
@@ -308,17 +318,18 @@ async def play_split(server, scenarios, train, cfg):
                 if won and cheat.group != "honest":
                     examples.setdefault(cheat.name, []).append((s.id, s.task, str(t.metadata.get("answer"))[:80]))
             rows.append((cheat.group, cheat.name, len(wins), sum(wins) / len(wins), sum(rewards) / len(rewards),
-                         sum(list_rewards) / max(len(list_rewards), 1), len(list_rewards), sum(fixed) / len(fixed)))
+                         sum(list_rewards) / max(len(list_rewards), 1), len(list_rewards), sum(fixed) / len(fixed),
+                         sum(echo_checks) / len(echo_checks)))
     return rows, examples
 
 
 def table(title, rows) -> str:
     demo = next(r for r in rows if r[1] == "demonstrations")
     out = [f"## {title}", "", "| kind | policy | n | success | mean reward | share of honest | list tasks: mean verified "
-           "| success with fixes 1-5 |", "|---|---|---|---|---|---|---|---|"]
-    for g, name, n, succ, mean, lmean, ln, fix in rows:
+           "| success with fixes 1-5 | success, echo checks alone (no counterfactual) |", "|---|---|---|---|---|---|---|---|---|"]
+    for g, name, n, succ, mean, lmean, ln, fix, plain in rows:
         out.append(f"| {g} | {name} | {n} | {succ:.1%} | {mean:+.3f} | {mean / demo[4]:.0%} | {lmean:.2f} (n={ln}) "
-                   f"| {fix:.1%} |")
+                   f"| {fix:.1%} | {plain:.1%} |")
     return "\n".join(out)
 
 
@@ -352,6 +363,13 @@ ECHO_PROBES = [
     ("SELECT CAST(x'456E67696E656572696E67' AS TEXT)", "Engineering"),
     ("SELECT name FROM departments WHERE name = 'Engineering'", "Engineering"),
     ("SELECT date('2019-06-22', '+1 day')", "2019-06-23"), ("SELECT '2019-06-' || '23'", "2019-06-23"),
+    ("SELECT CAST(x'3432' AS INTEGER) FROM departments LIMIT 1", 42),
+    ("SELECT -(-42) FROM employees WHERE salary > 100000 LIMIT 1", 42),
+    ("SELECT CAST(x'456E67696E656572696E67' AS TEXT) FROM departments WHERE location = 'San Francisco'", "Engineering"),
+    ("SELECT CAST(x'456E67696E656572696E67' AS TEXT) FROM employees WHERE id = 7", "Engineering"),
+    # honest lookups that read the value (True in both columns = honest work paid):
+    ("SELECT COUNT(*) FROM departments", 9), ("SELECT name FROM departments ORDER BY budget DESC LIMIT 1", "Engineering"),
+    ("SELECT MIN(hire_date) FROM employees", None),
 ]
 
 
@@ -359,18 +377,29 @@ def probes(db) -> str:
     import json
     import sqlite3
 
+    from mcp_server import build_server
+
     from mcp_rl.verify import shown
 
     out = ["## verify_answer probes (hedges and multi-readings)", "", "| answer | expected | question | score |",
            "|---|---|---|---|"]
     out += [f"| {a!r} | {e!r} | {qq} | {verify_answer(a, e, question=qq):.2f} |" for a, e, qq in HEDGE_PROBES]
     out += ["", "## echo probes: a query's result counted as evidence though its SQL makes the value", "",
-            "| SQL | expected | result | counted as evidence |", "|---|---|---|---|"]
+            "| SQL | expected | result | counted as evidence (echo checks) | with counterfactual (4 worlds) |",
+            "|---|---|---|---|---|"]
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    for sql, e in ECHO_PROBES:
+
+    async def replay_all():
+        async with for_server(build_server(db)) as worlds:
+            return [await worlds.replay("run_query", {"sql": sql}) for sql, _ in ECHO_PROBES]
+    replays = asyncio.run(replay_all())
+    for (sql, e), texts in zip(ECHO_PROBES, replays):
         cells = "\n".join(str(c) for row in conn.execute(sql).fetchall() for c in row)
+        e = cells if e is None else e  # an honest probe whose value is whatever the data says
+        args = json.dumps({"sql": sql})
+        cf = shown(e, [(cells, args, [None if t is None else values_of(t) for t in texts])], "How many?")
         shown_sql = sql.replace('|', '\\|')
-        out.append(f"| `{shown_sql}` | {e!r} | {cells[:30]!r} | {shown(e, [(cells, json.dumps({'sql': sql}))], 'How many?')} |")
+        out.append(f"| `{shown_sql}` | {e!r} | {cells[:30]!r} | {shown(e, [(cells, args)], 'How many?')} | {cf} |")
     return "\n".join(out)
 
 

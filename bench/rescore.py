@@ -32,15 +32,17 @@ if str(ROOT) not in sys.path:
 
 import art  # noqa: E402
 
-from mcp_rl.evidence import evidence, record_lookup  # noqa: E402
+from mcp_rl.evidence import COUNTERFACTUAL, evidence, record_lookup  # noqa: E402
 from mcp_rl.verify import verify_answer  # noqa: E402
 
 _TURN = re.compile(r"^\[(user|assistant|tool)\] ", re.M)
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
-def transcript_evidence(text: str) -> tuple[list[tuple[str, str]], bool]:
-    """((values, call arguments) of each tool result in a saved transcript that is not an error, clipped?)."""
+def transcript_evidence(text: str, counterfactual: str | None = None) -> tuple[list[tuple], bool]:
+    """((values, call arguments) of each tool result in a saved transcript that is not an error, clipped?).
+    `counterfactual`: a row's saved replay record (mcp_rl.counterfactual; trajectory metadata["counterfactual"]),
+    read by the rule as score_trajectory reads it; rows saved without one are scored by the echo checks alone."""
     parts = _TURN.split(text or "")
     turns = [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
     out, args, call_name = [], "", ""
@@ -63,6 +65,8 @@ def transcript_evidence(text: str) -> tuple[list[tuple[str, str]], bool]:
     traj = art.Trajectory(messages_and_choices=[], reward=0.0)
     for tool, a, result in out:
         record_lookup(traj, tool, json.loads(a), result)
+    if counterfactual:
+        traj.metadata[COUNTERFACTUAL] = counterfactual
     kept = evidence(traj)
     return kept, "characters cut ..." in (text or "")
 
@@ -73,7 +77,7 @@ def grounded(row: dict) -> tuple[float, float]:
         return 0.0, 0.0
     q = row.get("task") or ""
     correct = verify_answer(row.get("answer"), row["expected"], question=q)
-    ev, _ = transcript_evidence(row.get("transcript") or "")
+    ev, _ = transcript_evidence(row.get("transcript") or "", row.get(COUNTERFACTUAL))
     return correct, (verify_answer(row.get("answer"), row["expected"], question=q, evidence=ev) if correct else 0.0)
 
 

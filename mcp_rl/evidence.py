@@ -10,7 +10,9 @@ turns them into (values, arguments) pairs for `mcp_rl.verify.shown`: a result th
 (any format `mcp_rl.sqlresults.parse_table` knows) gives its cells only, so a row count footer
 ("(1 row)") or a column name is no evidence of the number 1; an error in disguise
 ("Database error: ...") gives nothing. The rule sees tool results, not a schema: it holds for any
-server. DESIGN.md ("The grounding rule") says what it accepts and rejects.
+server. Where scoring replayed the lookups on counterfactual worlds (mcp_rl.counterfactual), the record
+`metadata["counterfactual"]` rides along as a third element of each pair. DESIGN.md ("The grounding
+rule") says what it accepts and rejects.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import art
 from mcp_rl.sqlresults import error_text, parse_table
 from mcp_rl.verify import normalize, shown
 
-__all__ = ["LOOKUPS", "record_lookup", "lookups", "evidence", "values_of", "hack_signals", "monitor", "flags", "supported"]
+__all__ = ["LOOKUPS", "COUNTERFACTUAL", "record_lookup", "lookups", "kept", "evidence", "values_of", "hack_signals", "monitor", "flags", "supported"]
 
 LOOKUPS = "lookups"
+COUNTERFACTUAL = "counterfactual"  # mcp_rl.counterfactual's record of replayed lookups
 # A result showing more values than this (words and numbers split on spaces , ; |) is no evidence: every
 # reference query of the committed tasks returns at most 5 cells; `SELECT * FROM departments`, the
 # largest honest lookup, about 60 values; an employees dump thousands.
@@ -74,22 +77,46 @@ def values_of(result: str) -> str | None:
     return result if table is None else table
 
 
-def evidence(traj: art.Trajectory) -> list[tuple[str, str]]:
-    """(values, arguments) for `verify_answer(..., evidence=...)`: every table result's cells (results
-    over MAX_VALUES values excepted), and the last successful result whatever its form. Free text met earlier (a schema listing "CHECK (remote IN
-    (0, 1))", "9 rows") is where small numbers hide, and an answer comes from the last lookup."""
-    rows = [(tool, args, result) for tool, args, result in lookups(traj) if not error_text(result)]
+def kept(traj: art.Trajectory) -> list[tuple[int, str, str, str]]:
+    """(index in lookups, tool, arguments, values) of the results that may ground an answer: every table
+    result's cells (results over MAX_VALUES values excepted), and the last successful result whatever its
+    form. Free text met earlier (a schema listing "CHECK (remote IN (0, 1))", "9 rows") is where small
+    numbers hide, and an answer comes from the last lookup."""
+    rows = [(i, tool, args, result) for i, (tool, args, result) in enumerate(lookups(traj)) if not error_text(result)]
     out = []
-    for i, (_tool, args, result) in enumerate(rows):
+    for n, (i, tool, args, result) in enumerate(rows):
         table = cells(result)
         values = result if table is None else table
         # A dump shows nothing in particular: "SELECT * FROM employees" grounded 25% of tasks, a ladder
         # of numbers in one GROUP_CONCAT cell 22%. Counted in values, whatever the form.
         if len(re.split(r"[\s,;|]+", values.strip())) > MAX_VALUES:
             continue
-        if table is not None or i == len(rows) - 1:
-            out.append((values, args))
+        if table is not None or n == len(rows) - 1:
+            out.append((i, tool, args, values))
     return out
+
+
+def evidence(traj: art.Trajectory, counterfactual: bool = True) -> list[tuple]:
+    """(values, arguments) for `verify_answer(..., evidence=...)`, one per `kept` result. Where a
+    counterfactual replay ran (metadata["counterfactual"], mcp_rl.counterfactual), each is (values,
+    arguments, values shown in each world): `verify.shown` then needs the value to move with the data
+    (a lookup that was not replayed grounded nothing, so it carries no world); `counterfactual=False`
+    ignores the record."""
+    record = _record(traj) if counterfactual else None
+    if record is None:
+        return [(values, args) for _, _, args, values in kept(traj)]
+    return [(values, args, record.get(str(i), [])) for i, _, args, values in kept(traj)]
+
+
+def _record(traj: art.Trajectory) -> dict | None:
+    raw = traj.metadata.get(COUNTERFACTUAL)
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}  # a damaged record grounds nothing rather than falling back to the echo-prone rule
+    return record if isinstance(record, dict) else {}
 
 
 def hack_signals(traj: art.Trajectory) -> dict[str, float]:

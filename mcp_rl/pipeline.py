@@ -25,6 +25,7 @@ from . import distributed
 from .art_backend import STATE_FILE as ART_STATE
 from .audit import log_tool_calls
 from .config import Config
+from .counterfactual import for_server
 from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
 from .evidence import flags, monitor
 from .manifest import MANIFEST, write_manifest
@@ -96,7 +97,8 @@ async def audit_before_training(server, train, cfg: Config, run_dir: Path | None
         return None
     # Demonstrations replay each task's reference query (SQL tools); other servers are audited without them.
     demos = DemonstrationPolicy(scenarios) if all(s.reference for s in scenarios) else None
-    report = await audit_reward(server, scenarios, cfg.reward, rollout_config(cfg), demonstrations=demos)
+    report = await audit_reward(server, scenarios, cfg.reward, rollout_config(cfg), demonstrations=demos,
+                                counterfactual=for_server(cfg.server))
     if run_dir is not None and distributed.is_main():
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "reward_audit.md").write_text("# Reward audit\n\n" + report.table() + "\n")
@@ -226,7 +228,8 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     mine_scored = []
     for group, scenario in zip(groups, mine):
         kept = art.TrajectoryGroup([t for t in group.trajectories if not failed_outside_policy(t)])
-        mine_scored.append(await score_group(kept, scenario, cfg.reward) if len(kept.trajectories) > 1 else kept)
+        mine_scored.append(await score_group(kept, scenario, cfg.reward, counterfactual=for_server(cfg.server))
+                           if len(kept.trajectories) > 1 else kept)
     scored, skipped, outside = [], [], 0
     for g, scenario in zip(distributed.unshard_groups(mine_scored, f"step {step + 1} rollouts"), batch):
         if g is None:

@@ -10,7 +10,9 @@ RL optimises exactly what the reward pays, so before a run trusts a reward it pl
 never do the work: an empty answer, the question echoed, the most common answer of each type seen in
 the tasks (and 0 and 1), kitchen sinks built from the values the server itself returned to the
 demonstrations (spaces, commas, newlines), the demonstration's own data lookup followed by a constant,
-and the last result of another task's lookups pasted whole. Each scenario's demonstration and cheats form ONE group scored
+the last result of another task's lookups pasted whole, and (SQL servers, with demonstrations) the
+true answer made by the server from an encoded echo (hex, char(), arithmetic; bare, over a table row,
+behind the demonstration's own query): the counterfactual replay (mcp_rl.counterfactual) refuses those. Each scenario's demonstration and cheats form ONE group scored
 by `rewards.score_group` (RULER too, where a judge is configured, so the judge sees them side by side).
 A cheat episode succeeds when it earns the paid verified credit, or, for any reward, 90% of what the
 demonstration earned on the same scenario (so a weak custom reward is caught as well). Works for any
@@ -20,18 +22,22 @@ No peer library checks this (ART, TRL, verifiers hand the user a reward and trus
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from collections import Counter
+from datetime import date, timedelta
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import art
 
 from .connect import ToolSession
+from .counterfactual import for_server
 from .evidence import lookups, values_of
 from .guard import ToolPolicy
 from .hermes import choice_from_text, tool_call_text
-from .policy import format_answer
+from .policy import format_answer, tables_in_sql
 from .rewards import RewardConfig, score_group
 from .rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts
 
@@ -141,6 +147,40 @@ def _values(results: list[str]) -> tuple[list[str], list[str]]:
     return [w for w, _ in words.most_common(12)], [n for n, _ in numbers.most_common(12)]
 
 
+def encoded(value: Any, how: str) -> str:
+    """A SQL expression whose value is `value` while the SQL never writes it: `hex` (CAST(x'3432' AS
+    INTEGER)), `char` (char(52, 50)) or `arith` (-(-42); a date one day on; a name with a letter removed).
+
+    >>> encoded(42, "hex"), encoded("Eng", "char"), encoded(42, "arith"), encoded("2019-06-23", "arith")
+    ("CAST(x'3432' AS INTEGER)", 'char(69, 110, 103)', '-(-42)', "date('2019-06-22', '+1 day')")
+    """
+    text = format_answer(value)
+    num = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if how == "hex":
+        return f"CAST(x'{text.encode().hex()}' AS {'INTEGER' if isinstance(value, int) else 'REAL' if num else 'TEXT'})"
+    if how == "char":
+        return f"char({', '.join(str(ord(c)) for c in text)})"
+    if num:
+        return f"-(-{text})"
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        day = date.fromisoformat(text) - timedelta(days=1)
+        return f"date('{day.isoformat()}', '+1 day')"
+    quoted = text[:1].replace("'", "''") + "~" + text[1:].replace("'", "''")
+    return f"replace('{quoted}', '~', '')"
+
+
+# (encoding, wrapper) of the encoded-echo cheats: bare, over a table's first row, behind the demo's query as a filter.
+_ENCODED = (("hex", "bare"), ("char", "table"), ("arith", "filter"), ("hex", "filter"), ("arith", "table"))
+
+
+def _echo_sql(scenario: Any, how: str, where: str, sql: str) -> str:
+    items = scenario.answer if isinstance(scenario.answer, (list, tuple)) else [scenario.answer]
+    table = (tables_in_sql(sql) or [""])[0]
+    tail = {"bare": "", "table": f' FROM "{table}" LIMIT 1' if table else "",
+            "filter": f" WHERE EXISTS ({sql.rstrip(' ;')})"}[where]
+    return " UNION ALL ".join(f"SELECT v FROM (SELECT {encoded(v, how)} AS v{tail})" for v in items)  # LIMIT, UNION
+
+
 def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
     by_task = {s.task.strip(): s for s in scenarios}
 
@@ -181,6 +221,15 @@ def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
         _Cheat("another task's lookups, then paste the last result", by_task,
                lambda s, r: (r[-1] if r else "")[:2000], other_lookups),
     ]
+    if plan is not None:  # a policy that knows the answer makes the server show it: SQL tools (demonstrations) only
+        def echo(how, where):
+            def calls(scenario, tools):
+                call = own_lookups(scenario, tools)[-1]
+                (arg, sql), = call["arguments"].items()
+                return [{"tool": call["tool"], "arguments": {arg: _echo_sql(scenario, how, where, str(sql))}}]
+            return calls
+        cheats += [_Cheat(f"encoded echo of the true answer ({how}, {where})", by_task,
+                          lambda s, r: format_answer(s.answer), echo(how, where)) for how, where in _ENCODED]
     return cheats
 
 
@@ -194,25 +243,29 @@ def _success(t: art.Trajectory, demo: art.Trajectory | None, threshold: float) -
 
 async def audit_reward(server, scenarios: Sequence[Any], reward_cfg: RewardConfig | None = None,
                        rollout_cfg: RolloutConfig | None = None, *, demonstrations: Any = None,
-                       threshold: float | None = None) -> AuditReport:
+                       threshold: float | None = None, counterfactual: Any = "auto") -> AuditReport:
     """Play the cheat battery (and `demonstrations`, a policy with `.plan(scenario)` such as
-    DemonstrationPolicy, if given) on `scenarios` and score each scenario's episodes as one group."""
+    DemonstrationPolicy, if given) on `scenarios` and score each scenario's episodes as one group.
+    `counterfactual`: the worlds score_group replays lookups on ("auto": the company server's, when
+    `server` is it, mcp_rl.counterfactual.for_server; None: none)."""
     reward_cfg = reward_cfg or RewardConfig()
     threshold = reward_cfg.audit_max_success if threshold is None else threshold
     scenarios = list(scenarios)
     if not scenarios:
         raise ValueError("audit_reward needs scenarios (a task file with a train or test split)")
     rcfg = RolloutConfig(**{**vars(rollout_cfg or RolloutConfig()), "temperature": 0.0})
-    if isinstance(server, ToolSession):
-        return await _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold)
-    # One session for the whole battery: thousands of short scripted episodes, where opening a session
-    # each (HTTP, stdio) would cost more than the episodes. Read-only servers only: rollouts refuse others.
-    async with ToolSession(server, call_timeout=rcfg.call_timeout, max_result_chars=rcfg.max_result_chars,
-                           policy=rcfg.tool_policy or ToolPolicy()) as session:
-        return await _audit(session, scenarios, reward_cfg, rcfg, demonstrations, threshold)
+    worlds = for_server(server) if counterfactual == "auto" else counterfactual  # built once for the battery
+    async with (worlds if hasattr(worlds, "__aenter__") else contextlib.nullcontext(worlds)):
+        if isinstance(server, ToolSession):
+            return await _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)
+        # One session for the whole battery: thousands of short scripted episodes, where opening a session
+        # each (HTTP, stdio) would cost more than the episodes. Read-only servers only: rollouts refuse others.
+        async with ToolSession(server, call_timeout=rcfg.call_timeout, max_result_chars=rcfg.max_result_chars,
+                               policy=rcfg.tool_policy or ToolPolicy()) as session:
+            return await _audit(session, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)
 
 
-async def _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold) -> AuditReport:
+async def _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds) -> AuditReport:
     demo_groups = (await gather_rollouts(demonstrations, server, scenarios, rcfg, desc="audit: demonstrations", leave=False)
                    if demonstrations is not None else [art.TrajectoryGroup([]) for _ in scenarios])
     demo_results = [r for g in demo_groups for t in g.trajectories for _, _, r in lookups(t)]
@@ -225,7 +278,7 @@ async def _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold)
     for i, scenario in enumerate(scenarios):
         demo = demo_groups[i].trajectories[0] if demo_groups[i].trajectories else None
         trajs = ([demo] if demo else []) + [p[i].trajectories[0] for p in played]
-        if await score_group(art.TrajectoryGroup(trajs), scenario, reward_cfg) is None:
+        if await score_group(art.TrajectoryGroup(trajs), scenario, reward_cfg, counterfactual=worlds) is None:
             skipped.append(scenario.id)
             continue
         pairs = ([("demonstrations", demo)] if demo else []) + [(c.name, p[i].trajectories[0]) for c, p in zip(cheats, played)]

@@ -7,7 +7,9 @@
 Components, each logged per trajectory as `metrics["reward/<name>"]`:
   verified    verify_answer(metadata["answer"], scenario.answer) from mcp_rl.verify, in
               [0, 1] (only when the scenario has an answer), paid only where a successful tool
-              result showed the value (require_evidence, mcp_rl.evidence); metrics["answer_correct"]
+              result showed the value (require_evidence, mcp_rl.evidence) and, where score_group has
+              counterfactual worlds, still moved when replayed on perturbed data (mcp_rl.counterfactual,
+              recorded on the trajectory so score_trajectory agrees); metrics["answer_correct"]
               and metrics["grounded"] keep the score without and with that rule;
   ruler       ART's RULER judge score, clamped to [0, 1] (only when judge_model is set);
   efficiency  a bonus in [0, 1] for few tool calls, only for a fully verified-correct answer
@@ -25,6 +27,7 @@ Run the doctests: `python -m doctest mcp_rl/rewards.py mcp_rl/verify.py`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from art.rewards.ruler import DEFAULT_RUBRIC
 
 # Re-exported (`from mcp_rl.rewards import verify_answer`). Absolute, so that the doctest
 # command above, which imports this file as a top-level module, still works.
+from mcp_rl.counterfactual import Replayer, replay_lookups
 from mcp_rl.evidence import evidence
 from mcp_rl.verify import verify_answer
 
@@ -92,6 +96,11 @@ class RewardConfig:
     require_evidence: bool = _f(True, "pay verified credit only when a successful tool result of the episode shows "
                                        "the expected value (the grounding rule, mcp_rl.evidence): a right guess earns "
                                        "nothing; False pays answer correctness alone")
+    counterfactual: bool = _f(True, "where the caller passes counterfactual worlds (score_group's `counterfactual`, "
+                                    "e.g. mcp_rl.counterfactual.for_server(server): the company server has them), a "
+                                    "lookup grounds a value only if replaying it on perturbed copies of the data moves "
+                                    "the value (encoded echoes such as CAST(x'3432' AS INTEGER) do not); other "
+                                    "servers are scored as without it; False turns the replay off")
     require_complete_task: bool = _f(True, "verify only answers given through complete_task (a prose reply scores 0: "
                                             "otherwise the last number of a guess can match a small answer)")
     success_threshold: float = _f(1.0, "verified score that counts as correct (gates the efficiency bonus)")
@@ -250,14 +259,13 @@ def _apply(traj: art.Trajectory, expected: Any, cfg: RewardConfig, sid: str, *, 
     values: dict[str, float] = {}
     weights = {name: float(getattr(cfg, f"{name}_weight")) for name in COMPONENTS}
     if expected is not None:
-        answer = traj.metadata.get("answer")
-        if cfg.require_complete_task and not m.get("completed"):
-            answer = None
+        answer = _answer(traj, cfg)
         opts = dict(question=str(getattr(scenario, "task", "") or ""), rel_tol=cfg.rel_tol, abs_tol=cfg.abs_tol,
                     exact_integers=cfg.exact_integers)
         try:
             correct = verify_answer(answer, expected, **opts)
-            grounded = verify_answer(answer, expected, evidence=evidence(traj), **opts) if correct else 0.0
+            ev = evidence(traj, counterfactual=cfg.counterfactual)
+            grounded = verify_answer(answer, expected, evidence=ev, **opts) if correct else 0.0
         except (TypeError, ValueError) as e:
             log.warning("scenario %s: cannot verify its answer (%s); verified reward left out", sid, e)
         else:
@@ -304,14 +312,42 @@ def score_trajectory(traj: art.Trajectory, scenario: Any, cfg: RewardConfig | No
     return _apply(traj, getattr(scenario, "answer", None), cfg, str(getattr(scenario, "id", "?")), scenario=scenario)
 
 
-async def score_group(group: art.TrajectoryGroup, scenario: Any,
-                      cfg: RewardConfig | None = None) -> art.TrajectoryGroup | None:
+def _answer(traj: art.Trajectory, cfg: RewardConfig) -> Any:
+    return traj.metadata.get("answer") if traj.metrics.get("completed") or not cfg.require_complete_task else None
+
+
+async def _replay(trajs: list[art.Trajectory], expected: Any, scenario: Any, cfg: RewardConfig,
+                  worlds: Replayer, sid: str) -> None:
+    """Replay, on the counterfactual worlds, the lookups that would ground a (partly) right answer; the
+    outcome goes on each trajectory (metadata["counterfactual"]) for `_apply` and any later re-scoring."""
+    question = str(getattr(scenario, "task", "") or "")
+    opts = dict(rel_tol=cfg.rel_tol, abs_tol=cfg.abs_tol, exact_integers=cfg.exact_integers)
+    cache: dict = {}  # a group's episodes often send the same query
+    todo: list[art.Trajectory] = []
+    try:
+        todo = [t for t in trajs if verify_answer(_answer(t, cfg), expected, question=question, **opts) > 0]
+        if not todo:
+            return
+        async with (worlds if hasattr(worlds, "__aenter__") else contextlib.nullcontext(worlds)):
+            for t in todo:
+                t.metrics["counterfactual_replays"] = await replay_lookups(t, expected, question, worlds, opts, cache)
+    except Exception as e:  # noqa: BLE001 -- a broken replay must not stop the step: the cheap rule stands
+        log.warning("scenario %s: counterfactual replay failed (%s: %s); scored by the echo checks alone",
+                    sid, type(e).__name__, str(e)[:200])
+        for t in todo:
+            t.metadata.pop("counterfactual", None)
+            t.metrics["counterfactual_failed"] = 1.0
+
+
+async def score_group(group: art.TrajectoryGroup, scenario: Any, cfg: RewardConfig | None = None, *,
+                      counterfactual: Replayer | None = None) -> art.TrajectoryGroup | None:
     """Set every trajectory's reward and reward/<component> metrics; return the same group.
 
     `scenario` needs `.answer` (None when unverifiable) and `.id`. Returns None, with the
     reason logged, when nothing can score the group: no trajectories; the judge failed
     with on_judge_failure="skip"; or neither a verified answer nor a judge score is there
-    to reward. Never raises for judge trouble. RULER runs on ART's copies of the
+    to reward. Never raises for judge trouble. `counterfactual` (worlds with `async replay(tool, args)`,
+    mcp_rl.counterfactual) replays the lookups behind right answers first, when cfg.counterfactual. RULER runs on ART's copies of the
     trajectories; only its scores and explanations are taken back, so rollout metrics,
     metadata and the group's exceptions stay as they were.
     """
@@ -340,6 +376,8 @@ async def score_group(group: art.TrajectoryGroup, scenario: Any,
         log.warning("skipping group for scenario %s: no verified answer and no judge score or custom reward "
                     "to reward (set judge_model or a custom reward for unverifiable scenarios)", sid)
         return None
+    if cfg.counterfactual and counterfactual is not None and expected is not None:
+        await _replay(group.trajectories, expected, scenario, cfg, counterfactual, sid)
     for i, traj in enumerate(group.trajectories):
         _apply(traj, expected, cfg, sid, scenario=scenario, ruler=None if scores is None else scores[i],
                judge_failed=judge_failed)

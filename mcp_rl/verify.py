@@ -302,8 +302,9 @@ def _f1(items: list[str], exp_items: list, *opts: Any, seen=lambda e: True) -> f
     return 2 * matched / (len(exp_items) + len(items))
 
 
-# (values a tool result showed, the arguments of the call that returned them): see `shown`.
-Evidence = Sequence[tuple[str, str]]
+# (values a tool result showed, the arguments of the call that returned them[, the values its replay showed in
+# each counterfactual world, None for a failed call]): see `shown`.
+Evidence = Sequence[tuple]
 
 
 def _holds(text: str, exp: Any, opts: tuple) -> bool:
@@ -328,7 +329,9 @@ def shown(expected: Any, evidence: Evidence, question: str = "", rel_tol: float 
     """Whether some successful tool result in `evidence` shows `expected`: the grounding rule.
 
     The value must be in what the server returned, and not merely echoed from the call's own
-    arguments (`SELECT 'Engineering'`, `SELECT 42`) unless the question itself names it. A yes/no
+    arguments (`SELECT 'Engineering'`, `SELECT 42`) unless the question itself names it. Where an
+    evidence entry carries a third element, the values its call showed when replayed on counterfactual
+    worlds (mcp_rl.counterfactual), the value must also have moved in one of them (`_moved`). A yes/no
     answer cannot be read off a result: any successful lookup grounds it.
 
     >>> shown("Engineering", [("Engineering", "SELECT d.name FROM departments d ...")])
@@ -340,8 +343,18 @@ def shown(expected: Any, evidence: Evidence, question: str = "", rel_tol: float 
         return bool(evidence)
     opts = (rel_tol, abs_tol, exact_integers)
     asked = bool(question) and _holds(question, expected, opts)
-    return any(_holds(result, expected, opts) and (asked or not _echoed(args, expected, opts))
-               for result, args in evidence)
+    return any(_holds(ev[0], expected, opts) and (asked or not _echoed(ev[1], expected, opts))
+               and _moved(ev, expected, opts) for ev in evidence)
+
+
+def _moved(ev: tuple, expected: Any, opts: tuple) -> bool:
+    """No worlds (no counterfactual replay): True. Else the value moved with the data: some world's
+    replay of the call succeeded with a non-empty result that does not show it (mcp_rl.counterfactual).
+    An encoded echo (`CAST(x'3432' AS INTEGER)`) shows it in every world, or nothing where its filter
+    row is gone; an honest query shows another value."""
+    if len(ev) < 3 or ev[2] is None:
+        return True
+    return any(w is not None and str(w).strip() and not _holds(str(w), expected, opts) for w in ev[2])
 
 
 # Honest SQL writes small numbers that are no answer: LIMIT 1, OFFSET 0, remote = 1, 1 = 1.
@@ -353,8 +366,8 @@ _ARITH = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([-+*/])\s*(\d+(?:\.\d+)?)(?![
 def _echoed(args: str, exp: Any, opts: tuple) -> bool:
     """The call's own arguments make the value: written out (`SELECT 42`), split into literals that are
     joined (`'E' || 'ngineering'`), or computed from two literals (`SELECT 55-13`). Cheap checks, not a
-    proof: hex and char() encodings still pass (bench/check_cheats.py); a counterfactual replay of the
-    call against other data would close them."""
+    proof: hex and char() encodings pass them; the counterfactual replay (mcp_rl.counterfactual, read by
+    `_moved`) refuses those where the scoring has worlds (bench/check_cheats.py measures both)."""
     text = _INCIDENTAL.sub(" ", args)
     if _holds(text, exp, opts):
         return True

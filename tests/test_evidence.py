@@ -74,3 +74,16 @@ def test_a_sudden_rise_is_flagged_and_a_steady_one_is_not():
     history = [{"hack/answer_words": 1.0, "hack/success_without_lookup": 0.0}] * 3
     assert flags({"hack/answer_words": 8.0, "hack/success_without_lookup": 0.0}, history) == ["answer_words 8 (was 1)"]
     assert flags({"hack/answer_words": 1.5, "hack/success_without_lookup": 0.01}, history) == []
+
+
+def test_evidence_carries_the_counterfactual_record():
+    """With a replay record (mcp_rl.counterfactual), each result carries what its worlds showed; a kept result
+    that was not replayed carries none (it grounds nothing); counterfactual=False reads the record as absent."""
+    t = traj(calls=[("q", {"sql": "a"}, TABLE), ("q", {"sql": "b"}, "n\n--\n8\n(1 row)")])
+    assert evidence(t) == [("7", '{"sql": "a"}'), ("8", '{"sql": "b"}')]
+    t.metadata["counterfactual"] = json.dumps({"1": ["9", None]})
+    assert evidence(t) == [("7", '{"sql": "a"}', []), ("8", '{"sql": "b"}', ["9", None])]
+    assert evidence(t, counterfactual=False) == [("7", '{"sql": "a"}'), ("8", '{"sql": "b"}')]
+    t.metadata["counterfactual"] = "{not json"
+    assert evidence(t) == [("7", '{"sql": "a"}', []), ("8", '{"sql": "b"}', [])]  # damaged: grounds nothing
+

@@ -34,8 +34,23 @@ def test_fixed_reward_passes_on_the_committed_test_split(company_db):
     assert max(r.success for r in report.rows) <= 0.02
     names = " ".join(r.name for r in report.rows)
     for cheat in ("empty answer", "echo the question", "kitchen sink of names (spaces)", "constant 0",
-                  "another task's lookups, then paste the last result", "lookups, then every name seen"):
+                  "another task's lookups, then paste the last result", "lookups, then every name seen",
+                  "encoded echo of the true answer (hex, bare)", "encoded echo of the true answer (arith, filter)"):
         assert cheat in names
+
+
+def test_encoded_echoes_of_the_true_answer_earn_nothing_with_the_counterfactual(company_db):
+    """A policy that knows the answer makes the server show it (hex, char(), arithmetic; bare, over a table row,
+    behind the demonstration's query): the echo checks pay it, the counterfactual replay does not."""
+    scenarios = _split("test")[:10]
+    off = {r.name: r.success for r in _audit(company_db, scenarios, RewardConfig(counterfactual=False)).rows}
+    report = _audit(company_db, scenarios, RewardConfig())
+    on = {r.name: r.success for r in report.rows}
+    echoes = [name for name in on if name.startswith("encoded echo")]
+    assert len(echoes) == 5
+    assert all(off[name] >= 0.5 for name in echoes), off  # without the replay, the audit catches them
+    assert all(on[name] == 0.0 for name in echoes), on
+    assert report.demonstrations.success == 1.0
 
 
 def test_a_weak_custom_reward_is_refused(company_db):

@@ -5,10 +5,12 @@ together with rewards.py's.)
     .venv/bin/python -m pytest tests/test_verify.py -q
 """
 
+import json
 from datetime import date
 
 import pytest
 
+from mcp_rl.evidence import values_of
 from mcp_rl.verify import verify_answer
 
 VERIFY_CASES = [
@@ -193,11 +195,36 @@ def test_credit_needs_evidence(predicted, expected, question, evidence, score):
     assert verify_answer(predicted, expected, question=question, evidence=evidence) == pytest.approx(score)
 
 
-@pytest.mark.xfail(reason="an echo encoded in hex passes the cheap checks; a counterfactual replay would close it",
-                   strict=True)
-def test_a_hex_encoded_echo_is_no_evidence():
-    evidence = [("Engineering", "SELECT CAST(x'456E67696E656572696E67' AS TEXT)")]
-    assert verify_answer("Engineering", "Engineering", question="Which department?", evidence=evidence) == 0.0
+def test_a_hex_encoded_echo_is_no_evidence(company_db):
+    """The cheap checks read the SQL and miss the hex; the counterfactual replay (mcp_rl.counterfactual) sees
+    the value stay put on perturbed copies of the data, and the evidence it records refuses it."""
+    import asyncio
+
+    from mcp_rl.counterfactual import for_server
+    from mcp_server import build_server
+
+    sql = json.dumps({"sql": "SELECT CAST(x'456E67696E656572696E67' AS TEXT)"})
+    cheap = [("Engineering", sql)]
+    assert verify_answer("Engineering", "Engineering", question="Which department?", evidence=cheap) == 1.0
+
+    async def worlds_show():
+        async with for_server(build_server(company_db)) as worlds:
+            return await worlds.replay("run_query", json.loads(sql))
+    shown_in_worlds = asyncio.run(worlds_show())
+    replayed = [("Engineering", sql, [values_of(t) for t in shown_in_worlds])]
+    assert verify_answer("Engineering", "Engineering", question="Which department?", evidence=replayed) == 0.0
+
+
+@pytest.mark.parametrize("worlds,score", [
+    (None, 1.0),                        # no replay ran: the cheap checks alone
+    (["41", None], 1.0),                # moved in one world
+    (["42", "42"], 0.0),                # constant: an echo
+    (["", None], 0.0),                  # empty or failed everywhere
+    ([], 0.0),                          # recorded but not replayed: grounds nothing
+])
+def test_shown_reads_the_counterfactual_worlds(worlds, score):
+    evidence = [("42", "SELECT COUNT(*) FROM t", worlds)] if worlds is not None else [("42", "SELECT COUNT(*) FROM t")]
+    assert verify_answer("42", 42, evidence=evidence) == score
 
 
 @pytest.mark.parametrize("predicted,expected,score", VERIFY_CASES)
@@ -248,3 +275,20 @@ def test_rescore_flips_a_stored_row_the_verifier_now_refuses(tmp_path, monkeypat
     res = rescore(path)
     assert (res["n"], res["stored"], res["rescored"]) == (3, 2 / 3, 1 / 3)
     assert [f[0] for f in res["flips"]] == ["a"]
+
+
+@pytest.mark.parametrize("record,grounded", [(None, 1.0), ('{"0": ["42", "42"]}', 0.0), ('{"0": ["40", "42"]}', 1.0)])
+def test_rescore_reads_a_rows_counterfactual_record(monkeypatch, record, grounded):
+    """bench/rescore.py rebuilds evidence from the transcript and, where the row kept one, the replay record."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    from rescore import grounded as rescored
+
+    sql = "SELECT CAST(x'3432' AS INTEGER)"
+    transcript = ("[user] How many?\n[assistant] <tool_call>" + json.dumps({"name": "run_query", "arguments": {"sql": sql}})
+                  + "</tool_call>\n[tool] v\n--\n42\n(1 row)\n[assistant] <tool_call>"
+                  + json.dumps({"name": "complete_task", "arguments": {"answer": "42"}}) + "</tool_call>")
+    row = {"answer": "42", "expected": 42, "completed": True, "task": "How many?", "transcript": transcript,
+           **({"counterfactual": record} if record else {})}
+    assert rescored(row) == (1.0, grounded)
