@@ -30,7 +30,8 @@ __all__ = ["TrainerCallback", "HeldOutCurve", "Deadline", "STARTED"]
 
 class TrainerCallback:
     """Every hook does nothing; override the ones you need. `run` is the `mcp_rl.runs.Run`: read
-    `run.cfg`, `run.step`, `run.state` (a `RunState`), `run.dir`; write through `run.commit()` only."""
+    `run.cfg`, `run.step`, `run.state` (a `RunState`), `run.dir`; write through `run.commit()` (the state)
+    and `run.write(name, data)` (a file of your own), which rank 0 alone performs."""
 
     def on_init_end(self, run: Any, trainer: Any) -> None:
         """The trainer is loaded and at the run's recorded step."""
@@ -51,6 +52,10 @@ class TrainerCallback:
     def should_pause(self, run: Any) -> str | None:
         """After the steps, before the final evaluation: a reason to leave the run there (resumable), or None."""
         return None
+
+    def on_run_end(self, run: Any, results: dict) -> None:
+        """`mcp_rl.run` ended: finished (final evaluation and report written), or paused ("paused" in
+        `results`, the reason). Write files through `run.write`."""
 
 
 class HeldOutCurve(TrainerCallback):

@@ -97,6 +97,18 @@ class RunFolder:
         for old in steps[:-2]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def write(self, name: str, data) -> Path:
+        """A file of a caller's in the run folder (a callback's results): text, bytes, or JSON (atomic)."""
+        path = self.dir / name
+        if distributed.is_main():
+            if isinstance(data, bytes):
+                path.write_bytes(data)
+            elif isinstance(data, str):
+                path.write_text(data)
+            else:
+                write_json_atomic(path, data)
+        return path
+
     @property
     def _tool_log(self) -> Path:
         # One writer per file: ranks other than 0 log their rollouts' tool calls beside rank 0's.

@@ -161,6 +161,11 @@ class Run(RunFolder):
         self.state.phase = "done"
         self.commit()
 
+    def end(self, results: dict) -> dict:
+        for cb in self.callbacks:
+            cb.on_run_end(self, results)
+        return results
+
     def report(self, title: str | None = None) -> Path:
         results = list(self.results.values())
         if not results:
@@ -229,12 +234,12 @@ async def run(cfg: Config, *, resume: bool = False, trainer=None, callbacks=()) 
         paused = r.should_pause()
         if paused:
             print(paused, flush=True)
-            return {**r.results, "paused": paused, "report": None, "trainer": trainer}
+            return r.end({**r.results, "paused": paused, "report": None, "trainer": trainer})
         await r.evaluate("trained", server, test)
         r.finish()
     report = r.report()
     print(f"report: {report}", flush=True)
-    return {**r.results, "report": report, "trainer": trainer}
+    return r.end({**r.results, "report": report, "trainer": trainer})
 
 
 __all__ = ["Run", "RunState", "RunFolderError", "open_run", "run"]
