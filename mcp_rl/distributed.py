@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import inspect
 import os
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -142,16 +141,10 @@ def broadcast_object(value: T, what: str = "broadcast") -> T:
     return box[0]
 
 
-async def on_main(make: Callable[[], Any], what: str = "rank 0's result") -> Any:
-    """Rank 0 alone runs `make()` (awaited when it returns a coroutine); every rank gets its value.
-
-    Evaluations and decisions go through this, so the ranks never diverge on them (or deadlock)."""
-    value = None
-    if is_main():
-        value = make()
-        if inspect.isawaitable(value):
-            value = await value
-    return broadcast_object(value, what)
+async def on_main(make: Callable[[], Awaitable[T]], what: str = "rank 0's result") -> T:
+    """Rank 0 alone awaits `make()`; every rank gets its value. Evaluations go through this, so the
+    ranks never diverge on what one found (nor deadlock on a decision taken from it)."""
+    return broadcast_object(await make() if is_main() else None, what)
 
 
 def total(values: float | Iterable[float], what: str = "sum") -> Any:
