@@ -11,19 +11,21 @@ alone is too few to separate a 5-point gap. Training still draws only from the t
     python bench/learning_proof.py ... --set train.learning_rate=5.0e-5    # any config override
     python bench/learning_proof.py ... --random-weights TOKENIZER_DIR        # dress rehearsal, no weights
 
-`--deadline-s` bounds the whole script (model load included): GRPO steps continue while one more
-step plus the final evaluation still fit (`train.steps` is then an upper bound); `--train-budget-s`
-caps the GRPO steps' total time (rollouts + updates) over the whole run. A device call lasts at
-most 10 minutes, so one run can span two: `--pause` stops after the last step that fits, before
-the final evaluation, and a second call with `--resume` continues from the step checkpoint
-(LoRA weights and optimizer state) in the same run folder:
+A config plus callbacks: every setting the run uses is a Config field, recorded in config.json.
+`--deadline-s`, `--train-budget-s` and `--pause` set `train.deadline_s`, `train.train_budget_s` and
+`train.pause_at_deadline` (the library's `mcp_rl.callbacks.Deadline`): GRPO steps continue while one
+more step plus the final evaluation still fit (`train.steps` is then an upper bound), and their total
+time over the whole run stays under the budget. A device call lasts at most 10 minutes, so one run
+can span two: `--pause` stops after the last step that fits, before the final evaluation, and a second
+call with `--resume` continues from the step checkpoint (LoRA weights and optimizer state):
 
     python bench/learning_proof.py --out /tmp/lp --deadline-s 560 --pause
     python bench/learning_proof.py --out /tmp/lp --deadline-s 560 --resume
- Besides the
-pipeline's report.md / eval_*.jsonl / metrics.jsonl / PNGs, it writes proof.json and proof.md:
-the gaps final-base and final-warm_start with their standard errors, both unpaired (two
-proportions) and paired (per-scenario differences on the same scenarios), against the targets.
+
+The `Proof` callback times the run's parts (timings-call<n>.json, one per call) and, when the run
+ends, writes proof.json and proof.md beside the pipeline's report.md / eval_*.jsonl / metrics.jsonl:
+the gaps final-base and final-warm_start with their standard errors, both unpaired (two proportions)
+and paired (per-scenario differences on the same scenarios), against the targets.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl import distributed, parts, pipeline  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
+from mcp_rl import distributed  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
+from mcp_rl.callbacks import STARTED, TrainerCallback  # noqa: E402  (STARTED: train.deadline_s counts from here)
 from mcp_rl.config import apply_overrides, load_config  # noqa: E402
 from mcp_rl.scenarios import load_scenarios, save_scenarios  # noqa: E402
 
@@ -67,91 +70,66 @@ def heldout_file(src: str, dst: Path) -> dict:
     return counts
 
 
-def build_trainer(cfg, *, max_batch: int, batch_wait_s: float, random_weights: str | None, shape: str = "smollm2",
-                  batch_gap_s: float | None = None):
-    """parts.build_trainer, with a LocalPolicy batch as wide as the rollout concurrency.
-
-    The library's LocalPolicy batches at most 8 requests per generate, after waiting 20 ms for
-    them, and the config has no field for either. On a GPU a whole step's rollouts fit one
-    batch, and a longer wait lets the rollouts that are still in a tool call join the next turn's
-    batch instead of forcing a second generate (a generate costs seconds, the wait does not)."""
+def random_model(tokenizer_dir: str, shape: str = "smollm2"):
+    """(model, tokenizer): SmolLM2-shaped random weights (`shape` "tiny" for CPU tests) for a rehearsal that
+    tests the machinery and proves nothing; `parts.build_trainer(cfg, model=...)` builds the rest from cfg."""
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mcp_rl.local_policy import LocalPolicy, load_local_model, load_local_tokenizer
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.local_policy import load_local_tokenizer
 
-    if random_weights:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        tok = load_local_tokenizer(random_weights)
-        tok.eos_token = "<|im_end|>"
-        config = LlamaConfig(vocab_size=len(tok), bos_token_id=1, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.eos_token_id, **(TINY_SHAPE if shape == "tiny" else SMOLLM2_SHAPE))
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-    elif cfg.train.loader == "unsloth":  # Unsloth's model (4-bit with load_in_4bit), LoRA and sampler: the library's build
-        trainer = parts.build_trainer(cfg)
-        trainer.policy.max_batch, trainer.policy.batch_wait_s = max_batch, batch_wait_s
-        trainer.policy.batch_gap_s = batch_gap_s
-        return trainer
-    else:  # float16 weights where training runs in float16 (a T4, or forced), as parts.build_trainer loads them
-        model, tok = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit,
-                                      dtype="float16" if cfg.train.precision == "fp16" else None)
-    t = cfg.train
-    policy = LocalPolicy(model, tok, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix, max_batch=max_batch,
-                         batch_wait_s=batch_wait_s, batch_gap_s=batch_gap_s)
-    return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
-                           loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
-                           micro_batch_tokens=t.micro_batch_tokens)
+    tok = load_local_tokenizer(tokenizer_dir)
+    tok.eos_token = "<|im_end|>"
+    config = LlamaConfig(vocab_size=len(tok), bos_token_id=1, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.eos_token_id, **(TINY_SHAPE if shape == "tiny" else SMOLLM2_SHAPE))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval(), tok
 
 
-class Paused(Exception):
-    """Raised instead of the final evaluation when `--pause` ends this call's share of the run."""
+class Proof(TrainerCallback):
+    """Times this call's parts and, when the run ends, writes timings-call<n>.json (every call) and, once
+    the run is finished, proof.json, proof.md and curve.png (through `run.write`: rank 0 writes)."""
 
+    def __init__(self, targets: dict, **extra):
+        self.targets, self.trainer = targets, None
+        self.timings: dict = {"ranks": distributed.world(), **extra}
+        self.steps: list[dict] = []
 
-def install_deadline(cfg, start: float, deadline_s: float, timings: dict, *, pause: bool = False,
-                     train_budget_s: float = float("inf"), trained_s: float = 0.0) -> None:
-    """Time evaluations and steps; stop stepping when a step plus the final eval would not fit.
+    def on_init_end(self, run, trainer) -> None:
+        self.trainer = trainer
+        self.timings["load_s"] = time.monotonic() - STARTED  # the model, and on a new run the reward audit
 
-    Works through the pipeline's public module functions (train_loop calls `pipeline.train_step`
-    and re-reads `cfg.train.steps` before every step); the library has no time-budget option.
-    `trained_s`: GRPO seconds already spent by earlier calls of this run (their metrics.jsonl)."""
-    evaluate_policy, train_step = pipeline.evaluate_policy, pipeline.train_step
-    paused = {"at": None}
+    def on_evaluate(self, run, label, result, seconds) -> None:
+        self.timings.setdefault("eval_s", {})[label] = seconds
 
-    async def timed_eval(*args, **kwargs):
-        label = kwargs.get("label", args[4] if len(args) > 4 else "?")
-        if label == "trained" and paused["at"] is not None:
-            raise Paused(f"paused after step {paused['at']}: resume with --resume")
-        t0 = time.monotonic()
-        result = await evaluate_policy(*args, **kwargs)
-        timings.setdefault("eval_s", {})[label] = time.monotonic() - t0
-        return result
+    async def on_step_end(self, run, record) -> None:
+        self.timings.setdefault("step_s", []).append(record["seconds"])
+        self.steps.append(record)
 
-    async def budgeted_step(trainer, server, batch, cfg_, step):
-        rec = await train_step(trainer, server, batch, cfg_, step)
-        timings.setdefault("step_s", []).append(rec["seconds"])
-        evals = timings.get("eval_s", {})
-        final_eval = 1.5 * max(evals.values(), default=60.0) + 20.0  # RL rollouts can get longer; plus the report
-        left = deadline_s - (time.monotonic() - start)
-        # a step, plus the held-out curve's evaluation that may follow it (train.eval_every)
-        longest = max(timings["step_s"]) * 1.1 + max((v for k, v in evals.items() if "_step" in k), default=0.0)
-        spent = trained_s + sum(timings["step_s"])
-        if spent + longest > train_budget_s and cfg_.train.steps > step + 1:
-            print(f"training budget: {spent:.0f} of {train_budget_s:.0f} s spent: stopping after step {step + 1}",
-                  flush=True)
-            cfg_.train.steps = step + 1
-        elif left < longest + (0 if pause else final_eval) and cfg_.train.steps > step + 1:
-            print(f"deadline: {left:.0f} s left, a step takes up to {longest:.0f} s and the "
-                  f"final eval ~{final_eval:.0f} s: stopping after step {step + 1}", flush=True)
-            cfg_.train.steps = step + 1
-            paused["at"] = step + 1 if pause else None
-        # Under torchrun only rank 0 evaluates and times the evaluations: its decision holds on every rank.
-        cfg_.train.steps = distributed.broadcast_object(cfg_.train.steps, f"step budget after step {step + 1}")
-        return rec
+    def on_run_end(self, run, results) -> None:
+        import torch
 
-    pipeline.evaluate_policy, pipeline.train_step = timed_eval, budgeted_step
+        timings = self.timings
+        timings["total_s"] = time.monotonic() - STARTED
+        if torch.cuda.is_available():  # the trainer resets the peak around each update (train.gpu_peaks)
+            timings["peak_gpu_gib"] = max([torch.cuda.max_memory_allocated() / 2**30] + [
+                h[k] for h in self.steps for k in ("gpu_peak_gib_before_update", "gpu_peak_gib_update") if k in h])
+        if self.trainer is not None:
+            timings["generate_calls"] = getattr(self.trainer.policy, "generate_calls", None)
+        calls = sorted(run.dir.glob("timings-call*.json"))
+        run.write(f"timings-call{len(calls) + 1}.json", timings)
+        if "paused" in results:
+            return
+        if calls:  # one run over several calls: keep each call's timings, and every evaluation's
+            parts = [json.loads(c.read_text()) for c in calls] + [timings]
+            timings = {"calls": parts, "eval_s": {k: v for t in parts for k, v in t.get("eval_s", {}).items()}}
+        proof = proof_tables(run.dir, timings, run.state.history, self.targets)
+        run.write("proof.json", {k: v for k, v in proof.items() if k != "png"})
+        run.write("proof.md", proof["table"] + "\n")
+        if proof.get("png"):
+            run.write("curve.png", proof["png"])
+        self.proof = proof
 
 
 def compare(final: list[dict], other: list[dict], min_gap: float) -> dict:
@@ -194,8 +172,10 @@ def held_out_curve(rows: dict, periodic: dict[int, list[dict]], steps: int) -> l
     return curve
 
 
-def plot_curve(run_dir: Path, curve: list[dict], history: list[dict]) -> None:
-    """curve.png: held-out success and training-rollout success by step."""
+def plot_curve(run_dir: Path, curve: list[dict], history: list[dict]) -> bytes:
+    """curve.png's bytes: held-out success and training-rollout success by step."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,10 +187,13 @@ def plot_curve(run_dir: Path, curve: list[dict], history: list[dict]) -> None:
     ax.plot([h["step"] for h in steps], [h.get("grounded_rate", h["success_rate"]) for h in steps], alpha=0.5,
             label="training rollouts")
     ax.set_xlabel("GRPO step"), ax.set_ylabel("grounded success"), ax.legend(), ax.set_title(run_dir.name)
-    fig.tight_layout(), fig.savefig(run_dir / "curve.png", dpi=110), plt.close(fig)
+    png = io.BytesIO()
+    fig.tight_layout(), fig.savefig(png, format="png", dpi=110), plt.close(fig)
+    return png.getvalue()
 
 
 def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dict | None = None) -> dict:
+    """proof.json's content from the run's evaluation rows and history: "table" is proof.md, "png" curve.png."""
     targets = targets or TARGETS
     read = lambda path: [json.loads(x) for x in path.read_text().splitlines() if x.strip()]  # noqa: E731
     rows = {label: read(run_dir / f"eval_{label}.jsonl")
@@ -262,11 +245,9 @@ def proof_tables(run_dir: Path, timings: dict, history: list[dict], targets: dic
                   + ", ".join(f"step {c['step']} {c['success']:.1%}" for c in proof["curve"])]
     proof["table"] = "\n".join(lines)
     try:
-        plot_curve(run_dir, proof["curve"], history)
+        proof["png"] = plot_curve(run_dir, proof["curve"], history)
     except ImportError:
         pass
-    (run_dir / "proof.json").write_text(json.dumps(proof, indent=2, default=str))
-    (run_dir / "proof.md").write_text(proof["table"] + "\n")
     return proof
 
 
@@ -308,16 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(ROOT / "bench" / "learning_proof.yaml"))
     ap.add_argument("--out", default=None, help="run folder (default: the config's out)")
-    ap.add_argument("--deadline-s", type=float, default=540.0, help="wall-clock budget of the whole script")
-    ap.add_argument("--max-batch", type=int, default=None, help="LocalPolicy batch (default: rollout concurrency)")
-    ap.add_argument("--batch-wait-s", type=float, default=0.3, help="LocalPolicy: wait this long to fill a batch")
-    ap.add_argument("--batch-gap-s", type=float, default=None, help="LocalPolicy: close a batch once no request came "
-                    "for this long (still at most --batch-wait-s); default: wait the full --batch-wait-s")
+    ap.add_argument("--deadline-s", type=float, default=540.0, help="train.deadline_s: wall-clock budget of the "
+                    "whole script (0: none)")
+    ap.add_argument("--train-budget-s", type=float, default=900.0, help="train.train_budget_s: cap on all GRPO "
+                    "steps' seconds (0: none)")
+    ap.add_argument("--pause", action="store_true", help="train.pause_at_deadline: at the deadline, stop before "
+                    "the final eval (resumable)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None,
                     help="SmolLM2-shaped random weights with this tokenizer: tests the machinery, proves nothing")
     ap.add_argument("--random-shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
-    ap.add_argument("--train-budget-s", type=float, default=900.0, help="cap on all GRPO steps' seconds")
-    ap.add_argument("--pause", action="store_true", help="at the deadline, stop before the final eval (resumable)")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--seed", type=int, default=None, help="train.seed; the default --out becomes "
@@ -327,20 +307,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-base", type=float, default=TARGETS["base"], help="gap over base to meet")
     ap.add_argument("--target-warm-start", type=float, default=TARGETS["warm_start"], help="gap over the warm start")
     args = ap.parse_args(argv)
-    start = time.monotonic()
     cfg = load_config(args.config)
     out = args.out or (str(ROOT / "runs" / "learning" / f"{Path(args.config).stem}-seed{args.seed}")
                        if args.seed is not None else None)
-    # --set comes last, so its out= (or train.seed=) wins over the ones --seed derives
+    # --set comes after the flags' fields, so its own value of one wins; --out last of all
     cfg = apply_overrides(cfg, [*([f"train.seed={args.seed}"] if args.seed is not None else []),
-                                *([f"out={out}"] if out and not args.out else []), *args.set,
+                                *([f"out={out}"] if out and not args.out else []),
+                                f"train.deadline_s={args.deadline_s}", f"train.train_budget_s={args.train_budget_s}",
+                                f"train.pause_at_deadline={str(args.pause).lower()}", *args.set,
                                 *([f"out={args.out}"] if args.out else [])])
     run_dir = Path(cfg.out)
     derived = run_dir.with_name(run_dir.name + ".scenarios.jsonl")
     counts = heldout_file(cfg.scenarios, derived)
     cfg = apply_overrides(cfg, [f"scenarios={derived}"])
     print(f"held-out file {derived}: {counts} (val relabelled test)", flush=True)
-    if distributed.init() and args.pause:  # under torchrun: join the process group before the model loads
+    if distributed.init() and cfg.train.pause_at_deadline:  # under torchrun: join the group before the model loads
         ap.error("--pause works in one process only: under torchrun a run goes to its end (--deadline-s still stops "
                  "its steps in time for the final evaluation)")
     if cfg.train.loader == "unsloth":  # before transformers is imported: Unsloth patches it on import
@@ -349,48 +330,24 @@ def main(argv: list[str] | None = None) -> int:
         import_unsloth()
     import torch
 
-    from mcp_rl import runs
+    from mcp_rl import parts, runs
 
     random.seed(cfg.train.seed)
-    torch.manual_seed(cfg.train.seed)
-    trainer = build_trainer(cfg, max_batch=args.max_batch or cfg.rollout.concurrency,
-                            batch_wait_s=args.batch_wait_s, batch_gap_s=args.batch_gap_s, random_weights=args.random_weights,
-                            shape=args.random_shape)
-    timings: dict = {"load_s": time.monotonic() - start, "ranks": distributed.world()}
-    metrics = run_dir / "metrics.jsonl"
-    before = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] \
-        if args.resume and metrics.exists() else []
-    install_deadline(cfg, start, args.deadline_s, timings, pause=args.pause, train_budget_s=args.train_budget_s,
-                     trained_s=sum(h.get("seconds", 0) for h in before if "reward_mean" in h))
-    calls = sorted(run_dir.glob("timings-call*.json")) if args.resume else []
-    try:
-        result = asyncio.run(runs.run(cfg, resume=args.resume, trainer=trainer))
-    except Paused as e:
-        result = None
-        print(e, flush=True)
-    timings["total_s"] = time.monotonic() - start
-    if not distributed.is_main():  # under torchrun rank 0 alone writes the run folder and the proof
+    trainer = None  # the run builds it from cfg (seeded by train.seed)
+    if args.random_weights:
+        torch.manual_seed(cfg.train.seed)
+        trainer = parts.build_trainer(cfg, model=random_model(args.random_weights, args.random_shape))
+    proof = Proof({"base": args.target_base, "warm_start": args.target_warm_start},
+                  **({"random_weights": f"{args.random_shape} with {args.random_weights}"} if args.random_weights else {}))
+    result = asyncio.run(runs.run(cfg, resume=args.resume, trainer=trainer, callbacks=[proof]))
+    if "paused" in result:
         return 0
-    if torch.cuda.is_available():  # the trainer resets the peak around each update (train.gpu_peaks)
-        steps = ([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else [])
-        steps = steps[len(before):]  # this call's steps
-        timings["peak_gpu_gib"] = max([torch.cuda.max_memory_allocated() / 2**30] + [
-            h[k] for h in steps for k in ("gpu_peak_gib_before_update", "gpu_peak_gib_update") if k in h])
-    timings["generate_calls"] = trainer.policy.generate_calls
-    (run_dir / f"timings-call{len(calls) + 1}.json").write_text(json.dumps(timings, indent=2))
-    if result is None:
-        return 0
-    if calls:  # one run over several calls: keep each call's timings, and every evaluation's
-        parts = [json.loads(c.read_text()) for c in calls] + [timings]
-        timings = {"calls": parts, "eval_s": {k: v for t in parts for k, v in t.get("eval_s", {}).items()}}
-    history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    proof = proof_tables(run_dir, timings, history, {"base": args.target_base, "warm_start": args.target_warm_start})
-    if args.results:
+    if args.results and distributed.is_main():  # outside the run folder: rank 0 copies what it wrote
         copy_results(run_dir, Path(args.results) / run_dir.name)
     for r in (result.get("base"), result.get("warm_start"), result.get("trained")):
         if r is not None:
             print(r.line())
-    print(proof["table"], flush=True)
+    print(proof.proof["table"], flush=True)
     return 0
 
 

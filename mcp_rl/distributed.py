@@ -30,13 +30,13 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["init", "rank", "world", "is_main", "shard", "unshard", "unshard_groups", "total", "all_reduce_grads",
-           "check_same", "barrier", "broadcast_object", "RankFailed"]
+           "check_same", "barrier", "broadcast_object", "on_main", "RankFailed"]
 
 T = TypeVar("T")
 TIMEOUT_ENV = "MCP_RL_DIST_TIMEOUT_S"  # a rank waits this long for the others (rank 0 evaluates alone)
@@ -139,6 +139,12 @@ def broadcast_object(value: T, what: str = "broadcast") -> T:
     box = [value if is_main() else None]
     _collective(what, dist.broadcast_object_list, box, src=0)
     return box[0]
+
+
+async def on_main(make: Callable[[], Awaitable[T]], what: str = "rank 0's result") -> T:
+    """Rank 0 alone awaits `make()`; every rank gets its value. Evaluations go through this, so the
+    ranks never diverge on what one found (nor deadlock on a decision taken from it)."""
+    return broadcast_object(await make() if is_main() else None, what)
 
 
 def total(values: float | Iterable[float], what: str = "sum") -> Any:

@@ -1,6 +1,9 @@
 """What a run is built from: the MCP server it talks to, the trainer (model, policy, optimizer) and
 the rollout settings, checked against the server's tools and the installed stack before a model loads.
 
+    trainer = build_trainer(cfg)              # the one builder: a `Trainer` of either backend
+    trainer = build_trainer(cfg, model=(m, tok))   # the same, over weights already loaded (tests, rehearsals)
+
 mcp_rl/pipeline.py's phases use these; mcp_rl/runs.py opens them once per run.
 """
 
@@ -8,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from . import distributed
 from .config import Config
@@ -56,7 +61,41 @@ def check_install(cfg: Config, stamp: Path = STAMP) -> None:
                          "and delete runtime")
 
 
-def build_trainer(cfg: Config):
+@runtime_checkable
+class Trainer(Protocol):
+    """What a run needs of a trainer; `PortableTrainer` (mcp_rl/train.py) and `ARTTrainer`
+    (mcp_rl/art_backend.py) both are one. `step` counts GRPO updates (a step whose groups all tied makes
+    none), `sft_steps` warm-start updates; `policy` samples the current weights."""
+
+    step: int
+    sft_steps: int
+    policy: Any
+
+    async def start(self) -> None:
+        """Ready to sample and train (ART: starts vLLM and Unsloth on the GPU); a second call does nothing."""
+
+    async def train(self, groups: list) -> dict:
+        """One GRPO update on scored trajectory groups; returns its metrics."""
+
+    def warm_start(self, demonstrations: list, epochs: int = 1, *, learning_rate: float, batch_size: int,
+                   seed: int = 0) -> dict:
+        """Supervised passes over demonstrations (ValueError where the backend has none)."""
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """The checkpoint, written atomically, with its sha256 manifest (mcp_rl.manifest)."""
+
+    def load(self, directory: str | os.PathLike) -> dict:
+        """Restore a `save`d checkpoint; returns its record (with the "step" it holds)."""
+
+
+def _policy_kwargs(cfg: Config) -> dict:
+    return dict(name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix, max_batch=cfg.policy_batch,
+                batch_wait_s=cfg.policy_batch_wait_s, batch_gap_s=cfg.policy_batch_gap_s)
+
+
+def build_trainer(cfg: Config, *, model: tuple[Any, Any] | None = None) -> Trainer:
+    """The trainer `cfg` describes, every setting from it. `model`: (model, tokenizer) already loaded
+    (random weights for a rehearsal, a test's tiny model), used instead of loading `cfg.model`."""
     check_install(cfg)
     t = cfg.train
     if t.backend == "art":
@@ -78,24 +117,22 @@ def build_trainer(cfg: Config):
 
     # float16 weights where training runs in float16 (a T4, or precision forced to fp16 on another GPU)
     dtype = "float16" if t.precision == "fp16" else None
-    if t.loader == "unsloth":  # Unsloth's 4-bit model, LoRA and sampler; the same trainer and loss
+    if t.loader == "unsloth" and model is None:  # Unsloth's 4-bit model, LoRA and sampler; the same trainer and loss
         from .unsloth_loader import UnslothPolicy, load_unsloth_model
 
         model, tokenizer = load_unsloth_model(cfg.model, load_in_4bit=cfg.load_in_4bit, dtype=dtype,
                                               max_seq_len=t.max_seq_len, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                                               seed=t.seed)
-        policy = UnslothPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix,
-                               max_batch=cfg.policy_batch)
+        policy = UnslothPolicy(model, tokenizer, **_policy_kwargs(cfg))
         return PortableTrainer(policy, learning_rate=t.learning_rate, loss=t.loss, micro_batch_size=t.micro_batch_size,
                                max_seq_len=t.max_seq_len, precision=t.precision)
-    model, tokenizer = load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit, dtype=dtype)
-    policy = LocalPolicy(model, tokenizer, name=Path(cfg.out).name, tool_prefix=cfg.tool_prefix,
-                         max_batch=cfg.policy_batch, reuse_prefix=cfg.policy_reuse_prefix,
-                         prefix_cache_gib=cfg.policy_prefix_cache_gib)
+    model, tokenizer = model or load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit, dtype=dtype)
+    policy = LocalPolicy(model, tokenizer, reuse_prefix=cfg.policy_reuse_prefix,
+                         prefix_cache_gib=cfg.policy_prefix_cache_gib, **_policy_kwargs(cfg))
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                            loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
                            gradient_checkpointing=t.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens,
                            packed=t.packed)
 
 
-__all__ = ["COMPANY", "open_server", "rollout_config", "check_tools", "check_install", "build_trainer"]
+__all__ = ["COMPANY", "Trainer", "open_server", "rollout_config", "check_tools", "check_install", "build_trainer"]

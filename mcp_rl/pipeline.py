@@ -1,35 +1,29 @@
-"""The pipeline's phases: load splits, evaluate, warm-start, GRPO steps (mcp_rl/runs.py strings them
-into a resumable run; mcp_rl/parts.py builds the server and trainer they use).
+"""The pipeline's phases as plain functions: load splits, the reward audit, evaluate, warm-start, one
+GRPO step. They return values and write no run folder: mcp_rl/runs.py strings them into a resumable
+run and records what they return (mcp_rl/parts.py builds the server and trainer they use).
 
     python -m mcp_rl train --preset cpu --out runs/demo [--resume]
     summary = asyncio.run(mcp_rl.run(preset("cpu")))
 
-Each step: scenarios → groups of rollouts → rewards → zero-variance groups
-skipped and logged → update → (every N steps) validation → atomic checkpoint →
-state.json + metrics.jsonl rewritten atomically. `resume=True` continues from the
-last complete step: the scenario order is a pure function of (seed, step), so no
-step is lost or repeated.
+A step: scenarios (a pure function of seed and step, so a resumed run neither loses nor repeats
+one) → groups of rollouts → rewards → zero-variance groups skipped and logged → update.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
 import time
 from pathlib import Path
 
 import art
 
 from . import distributed
-from .art_backend import STATE_FILE as ART_STATE
 from .audit import log_tool_calls
 from .config import Config
 from .counterfactual import for_server
-from .evaluate import EvalResult, evaluate, save_eval, write_json_atomic
-from .evidence import flags, monitor
-from .manifest import MANIFEST, write_manifest
-from .parts import rollout_config
+from .evaluate import EvalResult, evaluate
+from .evidence import monitor
+from .parts import Trainer, rollout_config
 from .policy import DemonstrationPolicy
 from .reward_audit import audit_reward
 from .rewards import score_group
@@ -51,7 +45,7 @@ def step_batch(train, step: int, size: int, seed: int) -> list:
 
 
 def periodic_scenarios(cfg: Config, val, test) -> list:
-    """What train_loop evaluates every `eval_every` steps: val, or test for a held-out curve."""
+    """What a run evaluates every `eval_every` steps (callbacks.HeldOutCurve): val, or test for a held-out curve."""
     pool = list(test if cfg.train.eval_every_split == "test" else val)
     return pool[: cfg.train.eval_every_scenarios] if cfg.train.eval_every_scenarios else pool
 
@@ -71,13 +65,11 @@ def load_splits(cfg: Config) -> tuple[list, list, list]:
     return train, val, test
 
 
-async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str, run_dir: Path | None = None) -> EvalResult:
-    """Verified success of `policy` on `scenarios` (greedy by default); rows saved in run_dir."""
+async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str) -> EvalResult:
+    """Verified success of `policy` on `scenarios` (greedy by default); a run saves the rows."""
     rcfg = rollout_config(cfg, temperature=cfg.train.eval_temperature)
     with log_tool_calls(phase=f"eval {label}"):  # rows go to the run's log when one is open
         result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward)
-    if run_dir is not None:
-        save_eval(Path(run_dir), result)
     _log(result.line())
     return result
 
@@ -107,7 +99,7 @@ async def audit_before_training(server, train, cfg: Config, run_dir: Path | None
     return report
 
 
-async def warm_start(trainer, server, train, cfg: Config) -> dict:
+async def warm_start(trainer: Trainer, server, train, cfg: Config) -> dict:
     """Supervised pass on demonstrations of the first `warm_start_scenarios` training scenarios,
     each played through the real server (so tool outputs are real)."""
     demos_for = train[: cfg.train.warm_start_scenarios]
@@ -123,8 +115,8 @@ async def warm_start(trainer, server, train, cfg: Config) -> dict:
         raise ValueError(f"no demonstration completed ({'; '.join(sorted(reasons))[:300]}); a demonstration needs "
                          f"about 5 turns (rollout.max_turns is {cfg.rollout.max_turns})")
     t = cfg.train
-    metrics = await _maybe_async(trainer.warm_start(demos, epochs=t.warm_start_epochs, learning_rate=t.warm_start_lr,
-                                                    batch_size=t.warm_start_batch_size))
+    metrics = trainer.warm_start(demos, epochs=t.warm_start_epochs, learning_rate=t.warm_start_lr,
+                                 batch_size=t.warm_start_batch_size)
     rec = {"demonstrations": len(demos), **metrics}
     if t.warm_start_gate_scenarios:
         rec.update(gate := await warm_start_gate(trainer, server, demos, train, cfg))
@@ -146,9 +138,9 @@ async def warm_start_gate(trainer, server, demos, train, cfg: Config) -> dict:
     t, scenarios, checks = cfg.train, gate_scenarios(train, cfg), []
     while True:
         # Rank 0 decides for every rank: ranks that took different numbers of epochs would deadlock.
-        r = await evaluate_policy(trainer.policy, server, scenarios, cfg,
-                                  f"warm_start_gate{len(checks)}") if distributed.is_main() else None
-        r = distributed.broadcast_object(r, f"warm-start gate check {len(checks)}")
+        r = await distributed.on_main(lambda: evaluate_policy(trainer.policy, server, scenarios, cfg,
+                                                              f"warm_start_gate{len(checks)}"),
+                                      f"warm-start gate check {len(checks)}")
         passed = r.mean_tool_errors <= t.warm_start_max_tool_errors and r.completed_rate >= t.warm_start_min_completed
         checks.append({"epochs": t.warm_start_epochs + len(checks), "tool_errors": r.mean_tool_errors,
                        "completed_rate": r.completed_rate, "success_rate": r.success_rate, "passed": passed})
@@ -161,40 +153,11 @@ async def warm_start_gate(trainer, server, demos, train, cfg: Config) -> dict:
                  + ("" if passed else "; RL starts from this policy anyway (raise train.warm_start_max_extra_epochs)"))
             break
         _log(f"{verdict}: one more epoch ({extra + 1}/{t.warm_start_max_extra_epochs})")
-        more = await _maybe_async(trainer.warm_start(demos, epochs=1, learning_rate=t.warm_start_lr,
-                                                     batch_size=t.warm_start_batch_size, seed=extra + 1))
+        more = trainer.warm_start(demos, epochs=1, learning_rate=t.warm_start_lr, batch_size=t.warm_start_batch_size,
+                                  seed=extra + 1)
         checks[-1]["next_epoch_nll"] = more.get("nll_last_epoch")
     return {"gate": checks, "gate_passed": checks[-1]["passed"], "gate_extra_epochs": len(checks) - 1,
             "gate_tool_errors": checks[-1]["tool_errors"], "gate_completed_rate": checks[-1]["completed_rate"]}
-
-
-async def _maybe_async(value):
-    return await value if hasattr(value, "__await__") else value
-
-
-def _art_checkpoint(ckpt: Path) -> Path | None:
-    """ART's LoRA folder named by the record an ART trainer saves in `ckpt` (None for other trainers)."""
-    record = ckpt / ART_STATE
-    if not record.is_file():
-        return None
-    return Path(json.loads(record.read_text()).get("art_checkpoint") or ckpt)
-
-
-def _checkpoint(trainer, run_dir: Path, state: dict) -> None:
-    """Checkpoint (with its manifest of sha256), then state.json (the commit point), then metrics.jsonl;
-    rank 0 alone writes."""
-    if not distributed.is_main():
-        return
-    ckpt = run_dir / "checkpoints" / f"step-{state['step']:04d}"
-    trainer.save(ckpt)
-    if ckpt.is_dir() and not (ckpt / MANIFEST).is_file():  # the portable trainer writes its own, atomically
-        write_manifest(ckpt, art_checkpoint=_art_checkpoint(ckpt))
-    write_json_atomic(run_dir / "state.json", state)
-    write_json_atomic(run_dir / "metrics.jsonl", state["history"])
-    steps = sorted((p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()),
-                   key=lambda p: int(p.name[5:]))  # by number: "step-10000" sorts before "step-9999" as text
-    for old in steps[:-2]:  # keep the last two
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _seed_sampling(seed: int, step: int) -> None:
@@ -207,7 +170,7 @@ def _seed_sampling(seed: int, step: int) -> None:
     torch.manual_seed(seed * 1_000_003 + step)
 
 
-async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
+async def train_step(trainer: Trainer, server, batch, cfg: Config, step: int) -> dict:
     """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
     t0 = time.monotonic()
     _seed_sampling(cfg.train.seed, step)
@@ -263,7 +226,7 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     if varied:
         if hasattr(trainer.policy, "clear_prefix_cache"):  # its KV copies would sit on the GPU through the update
             trainer.policy.clear_prefix_cache()
-        rec.update({k: v for k, v in (await _maybe_async(trainer.train(varied))).items() if k != "step"})
+        rec.update({k: v for k, v in (await trainer.train(varied)).items() if k != "step"})
     else:
         _log(f"step {step + 1}: every group had zero reward variance; no update (try a larger group_size)")
     rec["seconds"] = round(time.monotonic() - t0, 1)
@@ -274,44 +237,5 @@ async def train_step(trainer, server, batch, cfg: Config, step: int) -> dict:
     return rec
 
 
-async def _periodic_eval(trainer, server, val, cfg: Config, run_dir: Path, state: dict) -> None:
-    """Evaluate `val` after the recorded step; its record gets `<split>_success` (rank 0 evaluates)."""
-    step, split = state["step"], cfg.train.eval_every_split
-    res = await evaluate_policy(trainer.policy, server, val, cfg, f"{split}_step{step}",
-                                run_dir) if distributed.is_main() else None  # the others wait
-    state["history"][-1][f"{split}_success"] = distributed.broadcast_object(res and res.success_rate, f"{split} {step}")
-    state.pop("pending_eval", None)
-    if distributed.is_main():
-        write_json_atomic(run_dir / "state.json", state)
-        write_json_atomic(run_dir / "metrics.jsonl", state["history"])
-
-
-async def train_loop(trainer, server, train, cfg: Config, run_dir: Path, state: dict, val=()) -> dict:
-    """Steps `state["step"]`..`cfg.train.steps`, each committed by an atomic checkpoint; every
-    `eval_every` steps `val` (the scenarios of `periodic_scenarios`) is evaluated."""
-    if state.get("pending_eval") == state["step"] and val:  # stopped during it: the curve keeps its point
-        await _periodic_eval(trainer, server, val, cfg, run_dir, state)
-    while state["step"] < cfg.train.steps:
-        step = state["step"]
-        batch = step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
-        rec = await train_step(trainer, server, batch, cfg, step)
-        state["step"] = step + 1
-        rec["hack_flags"] = flags(rec, [h for h in state["history"] if "reward_mean" in h])
-        state["history"].append(rec)
-        rec.update(distributed.check_same(trainer, f"after step {step + 1}"))  # raises where ranks differ
-        due = bool(cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and val)
-        if due:
-            state["pending_eval"] = step + 1
-        _checkpoint(trainer, run_dir, state)  # the step is committed before its (long) periodic evaluation
-        if due:
-            await _periodic_eval(trainer, server, val, cfg, run_dir, state)
-        _log(f"step {step + 1}/{cfg.train.steps} | reward {rec['reward_mean']:.3f} | grounded success "
-             f"{rec['grounded_rate']:.0%} (correct {rec['success_rate']:.0%}) | trained {rec['groups_trained']} groups, skipped "
-             f"{rec['groups_skipped']} | loss {rec.get('loss', float('nan')):.4f} | {rec['seconds']:.0f} s"
-             + (f" | off-policy gap {rec['logprob_gap']:.3f}" if "logprob_gap" in rec else "")
-             + (f" | HACK? {'; '.join(rec['hack_flags'])}" if rec["hack_flags"] else ""))
-    return state
-
-
-__all__ = ["load_splits", "audit_before_training", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios", "train_step",
-           "train_loop", "step_batch", "periodic_scenarios"]
+__all__ = ["load_splits", "audit_before_training", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios",
+           "train_step", "step_batch", "periodic_scenarios"]

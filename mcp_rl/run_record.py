@@ -1,7 +1,7 @@
 """A run folder's record: reading state.json and config.json, refusing one that is gone or unreadable,
 and comparing the recorded settings with a resume's (mcp_rl/runs.py owns the folder and uses these).
 
-    state = read_state(run_dir)            # {"step", "phase", "history", "evals"}; new-run defaults if absent
+    state = RunState.read(run_dir)         # step, phase, history, evals, train_ids; a new run's if absent
     check_record(run_dir)                  # RunFolderError when the run's files outlived its record
     changes(read_record(run_dir / "config.json"), redacted(cfg))   # ["train.seed: 0 -> 3", ...]
 
@@ -12,11 +12,13 @@ evaluations or metrics, and a state.json is never resumed without the config.jso
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunFolderError", "RESUMABLE_CHANGES", "PHASES", "read_record", "read_state", "check_record", "changes",
+__all__ = ["RunFolderError", "RunState", "RESUMABLE_CHANGES", "PHASES", "read_record", "check_record", "changes",
            "legacy_custom"]
 
 
@@ -25,6 +27,7 @@ __all__ = ["RunFolderError", "RESUMABLE_CHANGES", "PHASES", "read_record", "read
 # Any other field shapes what is learned or measured, and a change to it is refused.
 RESUMABLE_CHANGES = {
     "out", "server", "server_token", "rollout_workers", "worker_token", "policy_port", "policy_batch",
+    "policy_batch_wait_s", "policy_batch_gap_s", "train.deadline_s", "train.train_budget_s", "train.pause_at_deadline",
     "rollout.call_timeout", "rollout.timeout", "rollout.concurrency",
     "reward.judge_base_url", "reward.judge_api_key", "reward.judge_retries", "reward.judge_backoff_s",
     "reward.judge_timeout_s",
@@ -94,22 +97,43 @@ def read_record(path: Path) -> dict:
     return data
 
 
-def read_state(run_dir: Path) -> dict:
-    path = run_dir / "state.json"
-    if not path.exists():
-        return {"step": 0, "history": [], "phase": "new", "evals": {}}
-    state = read_record(path)
-    state.setdefault("evals", {})
-    step = state.get("step")
-    wrong = ("phase" if state.get("phase") not in PHASES else
-             "step" if isinstance(step, bool) or not isinstance(step, int) or step < 0 else
-             "history" if not isinstance(state.get("history"), list) else
-             "evals" if not isinstance(state["evals"], dict) else None)
-    if wrong:
-        raise RunFolderError(f"{path} is not a run's state: its {wrong!r} is {said(state.get(wrong))} (a run "
-                             f"records phase one of {', '.join(PHASES)}, a step >= 0, a history list): restore "
-                             f"it from a backup, {FRESH}")
-    return state
+@dataclass
+class RunState:
+    """What state.json records: how far the run got. `history` holds the warm start's record and one per GRPO
+    step (metrics.jsonl is a copy); `evals` the step each phase evaluation was made at; `train_ids` the
+    training scenarios the run started with, in order (the step batches are drawn from that order)."""
+
+    step: int = 0
+    phase: str = "new"  # new -> base_done -> training -> done
+    history: list = field(default_factory=list)
+    evals: dict = field(default_factory=dict)
+    train_ids: list | None = None
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "RunState":
+        """The folder's state.json (a new run's state if there is none), or RunFolderError naming what is wrong."""
+        path = Path(run_dir) / "state.json"
+        if not path.exists():
+            return cls()
+        state = read_record(path)
+        state.setdefault("evals", {})
+        step = state.get("step")
+        wrong = ("phase" if state.get("phase") not in PHASES else
+                 "step" if isinstance(step, bool) or not isinstance(step, int) or step < 0 else
+                 "history" if not isinstance(state.get("history"), list) else
+                 "evals" if not isinstance(state["evals"], dict) else None)
+        if wrong:
+            raise RunFolderError(f"{path} is not a run's state: its {wrong!r} is {said(state.get(wrong))} (a run "
+                                 f"records phase one of {', '.join(PHASES)}, a step >= 0, a history list): restore "
+                                 f"it from a backup, {FRESH}")
+        known = {f.name for f in dataclasses.fields(cls)}  # older keys (pending_eval) are left behind
+        return cls(**{k: v for k, v in state.items() if k in known})
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        if data["train_ids"] is None:
+            del data["train_ids"]
+        return data
 
 
 def check_record(out: Path) -> None:

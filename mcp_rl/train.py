@@ -345,6 +345,9 @@ class PortableTrainer(WarmStart, Checkpoints):
         metrics.update(step=float(self.step), skipped_steps=float(self.skipped_steps), seconds=seconds, tokens_per_s=metrics["num_tokens"] / max(seconds, 1e-9))
         return metrics
 
+    async def start(self) -> None:
+        """Nothing to start: the model is loaded and LoRA-wrapped in `__init__` (mcp_rl.parts.Trainer)."""
+
     async def train(self, groups: list[art.TrajectoryGroup]) -> dict[str, float]:
         """`train_step` in a worker thread, so the event loop (MCP sessions, servers) keeps running."""
         return await asyncio.to_thread(self.train_step, groups)

@@ -3,7 +3,7 @@ on the tiny random Llama of tests/test_pipeline.py and the company server (one p
 
     python -m torch.distributed.run --nproc-per-node 2 tests/ddp_pipeline_run.py OUT STEPS [--resume] [--die-at STEP]
 
-`--die-at STEP`: rank 1 exits (as a crash) when step STEP starts its rollouts.
+`--die-at STEP`: rank 1 exits (as a crash) before step STEP's rollouts (a callback: nothing rebound).
 """
 
 import argparse
@@ -16,8 +16,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from mcp_rl import distributed, parts, pipeline, runs  # noqa: E402
+from mcp_rl import distributed, parts, runs  # noqa: E402
+from mcp_rl.callbacks import TrainerCallback  # noqa: E402
 from mcp_rl.config import apply_overrides, preset  # noqa: E402
+
+
+class DieAt(TrainerCallback):
+    """Rank 1 exits as a crash once step `step` is next (at the start of training, or after the step before)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def _maybe_die(self, next_step: int) -> None:
+        if next_step == self.step and distributed.rank() == 1:
+            os._exit(3)
+
+    async def on_train_begin(self, run) -> None:
+        self._maybe_die(run.step + 1)
+
+    async def on_step_end(self, run, record) -> None:
+        self._maybe_die(record["step"] + 1)
 
 
 def build(cfg):
@@ -42,17 +60,9 @@ def main() -> int:
         f"out={a.out}", f"train.steps={a.steps}", "train.groups_per_step=2", "train.group_size=2",
         "train.warm_start_scenarios=2", "train.eval_scenarios=2", "rollout.max_turns=6", "rollout.max_tokens=12",
         "rollout.concurrency=4"])
-    parts.build_trainer = build
-    step = pipeline.train_step
-
-    async def dying(trainer, server, batch, cfg, n):
-        if n + 1 == a.die_at and distributed.rank() == 1:
-            os._exit(3)
-        return await step(trainer, server, batch, cfg, n)
-
-    pipeline.train_step = dying
+    parts.build_trainer = build  # the test's tiny model (seeded by the run, as the real builder is)
     try:
-        asyncio.run(runs.run(cfg, resume=a.resume))
+        asyncio.run(runs.run(cfg, resume=a.resume, callbacks=[DieAt(a.die_at)]))
     except distributed.RankFailed as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

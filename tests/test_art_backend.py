@@ -241,10 +241,43 @@ def test_save_then_load_restores_the_step(tmp_path):
     trainer = ARTTrainer("agent-001")
     trainer.step = 3
     trainer.save(tmp_path / "run")
-    assert [p.name for p in (tmp_path / "run").iterdir()] == ["art_trainer.json"]  # no temp file left
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["art_trainer.json", "manifest.json"]  # no temp file
     again = ARTTrainer("agent-001")
     assert again.load(tmp_path / "run")["art_checkpoint"].endswith("agent-001/checkpoints/0003")
     assert again.step == 3
+
+
+def test_save_writes_a_manifest_that_hashes_arts_own_lora(tmp_path):
+    """ART saves its LoRA itself; the step folder records where (art_trainer.json) and its manifest hashes both,
+    so a resume checks ART's files too (mcp_rl.parts.Trainer: `save` writes the manifest)."""
+    from mcp_rl.manifest import CheckpointCorrupt, verify_manifest
+
+    trainer = ARTTrainer("agent-001", art_path=tmp_path / ".art")
+    trainer.step = 1
+    lora = trainer.checkpoint_dir()
+    lora.mkdir(parents=True)
+    (lora / "adapter_model.safetensors").write_bytes(b"lora")
+    trainer.save(tmp_path / "step-0001")
+    files = json.loads((tmp_path / "step-0001" / "manifest.json").read_text())["files"]
+    assert set(files) == {"art_trainer.json", "art_checkpoint/adapter_model.safetensors"}
+    (lora / "adapter_model.safetensors").write_bytes(b"LORA")
+    with pytest.raises(CheckpointCorrupt, match="adapter_model.safetensors is not the file saved"):
+        verify_manifest(tmp_path / "step-0001", art_checkpoint=lora)
+
+
+async def test_start_registers_once_and_there_is_no_warm_start():
+    trainer, calls = ARTTrainer("agent-001"), []
+
+    async def register(backend=None):
+        calls.append(backend)
+        trainer.backend = object()
+
+    trainer.register = register
+    await trainer.start()
+    await trainer.start()
+    assert len(calls) == 1 and trainer.sft_steps == 0
+    with pytest.raises(ValueError, match="no warm start"):
+        trainer.warm_start([object()], epochs=1, learning_rate=1e-4, batch_size=1)
 
 
 @pytest.mark.parametrize("other, error", [({"name": "someone-else"}, ValueError), (None, FileNotFoundError)])

@@ -233,3 +233,22 @@ def test_the_ddp_table_names_a_run_it_cannot_read(tmp_path, files):
                          text=True, timeout=60)
     assert out.returncode == 2 and "not a finished learning-proof run folder" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr) < 400
+
+
+@pytest.mark.parametrize("change, checkpointing", [([], False), (["train.gradient_checkpointing=true"], True)])
+def test_the_rehearsals_trainer_is_what_config_json_records(tokenizer_dir, change, checkpointing):
+    """learning_proof built its own trainer without gradient checkpointing while config.json recorded
+    `gradient_checkpointing: true`, and batched the policy by flags config.json never saw. Its trainer now
+    comes from `parts.build_trainer(cfg, model=...)`: every setting from the config it records."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from learning_proof import random_model
+
+    from mcp_rl import parts
+    from mcp_rl.config import apply_overrides, load_config
+
+    cfg = apply_overrides(load_config(ROOT / "bench" / "learning" / "smollm2.yaml"), ["out=/tmp/unused", *change])
+    trainer = parts.build_trainer(cfg, model=random_model(str(tokenizer_dir), "tiny"))
+    policy = trainer.policy
+    assert (policy.max_batch, policy.batch_wait_s, policy.batch_gap_s) == (192, 0.3, None) == (
+        cfg.policy_batch, cfg.policy_batch_wait_s, cfg.policy_batch_gap_s)
+    assert trainer.model.get_base_model().is_gradient_checkpointing is checkpointing is cfg.train.gradient_checkpointing

@@ -5,16 +5,26 @@ tiny random Llama with SmolLM2's tokenizer: fast, and about the loop, not learni
 Run: pytest tests/test_pipeline.py
 """
 
+import dataclasses
 import json
 
 import pytest
 
 from mcp_rl import parts, pipeline
 from mcp_rl.audit import read_tool_calls
+from mcp_rl.callbacks import TrainerCallback
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.pipeline import step_batch
-from mcp_rl.runs import run
+from mcp_rl.runs import open_run, run
 from mcp_rl.scenarios import Scenario
+
+
+def training_run(trainer, cfg, out, step=0, history=()):
+    """A run in `out` past its warm start, at `step`, training `trainer` (a stand-in: no model loads)."""
+    r = open_run(dataclasses.replace(cfg, out=str(out)))
+    r._trainer = trainer
+    r.state = dataclasses.replace(r.state, phase="training", step=step, history=list(history))
+    return r
 
 
 def test_step_batches_are_a_pure_function_of_seed_and_step():
@@ -48,19 +58,21 @@ async def test_kill_and_resume_loses_and_repeats_no_step(tmp_path, monkeypatch, 
     state = json.loads((out / "state.json").read_text())
     assert state["step"] == 1 and state["phase"] == "done"
 
-    # Resume to 3 steps, killed while checkpointing step 3 (after step 2 is committed).
-    real_save = pipeline._checkpoint
-    def dying(trainer, run_dir, st):
-        if st["step"] == 3:
+    # Resume to 3 steps, killed during step 3 (after step 2 is committed).
+    real_step = pipeline.train_step
+
+    async def dying(trainer, server, batch, cfg, step):
+        if step + 1 == 3:
             raise KeyboardInterrupt("killed")
-        real_save(trainer, run_dir, st)
-    monkeypatch.setattr(pipeline, "_checkpoint", dying)
+        return await real_step(trainer, server, batch, cfg, step)
+
+    monkeypatch.setattr(pipeline, "train_step", dying)
     cfg = small_config(out, steps=3)
     with pytest.raises(KeyboardInterrupt):
         await run(cfg, resume=True)
     assert json.loads((out / "state.json").read_text())["step"] == 2
 
-    monkeypatch.setattr(pipeline, "_checkpoint", real_save)
+    monkeypatch.setattr(pipeline, "train_step", real_step)
     result = await run(cfg, resume=True)
     state = json.loads((out / "state.json").read_text())
     steps = [h["step"] for h in state["history"]]
@@ -208,11 +220,12 @@ async def test_train_loop_records_a_held_out_curve(tmp_path, company_db):
         def save(self, path):
             path.mkdir(parents=True, exist_ok=True)
 
-    state = await pipeline.train_loop(Trainer(), build_server(company_db), train, cfg, tmp_path,
-                                      {"step": 0, "history": []}, pipeline.periodic_scenarios(cfg, [], test))
-    assert [h["test_success"] for h in state["history"]] == [1.0, 1.0]
-    assert (tmp_path / "eval_test_step1.jsonl").exists() and (tmp_path / "eval_test_step2.jsonl").exists()
-    assert all(h["rollout_seconds"] <= h["seconds"] for h in state["history"])
+    r = training_run(Trainer(), cfg, tmp_path / "run")
+    state = await r.train(build_server(company_db), train, [], test)
+    assert [h["test_success"] for h in state.history] == [1.0, 1.0]
+    assert (r.dir / "eval_test_step1.jsonl").exists() and (r.dir / "eval_test_step2.jsonl").exists()
+    assert all(h["rollout_seconds"] <= h["seconds"] for h in state.history)
+    assert json.loads((r.dir / "state.json").read_text())["history"][-1]["test_success"] == 1.0  # committed
 
 
 @pytest.mark.parametrize("stamp, name, refused", [
@@ -263,15 +276,15 @@ async def test_a_rollout_cut_short_by_the_endpoint_is_left_out_of_its_group(tmp_
             path.mkdir(parents=True, exist_ok=True)
 
     trainer = Trainer()
-    state = await pipeline.train_loop(trainer, build_server(company_db), scenarios, cfg, tmp_path, {"step": 0, "history": []})
-    rec = state["history"][-1]
+    state = await training_run(trainer, cfg, tmp_path / "run").train(build_server(company_db), scenarios)
+    rec = state.history[-1]
     assert rec["failed_outside_policy"] == 1 and rec["groups_trained"] == 0 and trainer.trained == []
     assert rec["success_rate"] == 1.0  # the two left, both right; the failed one is not counted
 
 
 async def test_a_periodic_evaluation_stopped_midway_runs_on_resume(tmp_path, company_db):
     """The step is committed before its evaluation; a stop during the evaluation lost the curve's point
-    for good (found by review). The commit now records it as owed, and the resumed loop runs it first."""
+    for good (found by review). A due step without its point is evaluated first when the run resumes."""
     from mcp_server import build_server
 
     from mcp_rl.policy import DemonstrationPolicy
@@ -283,8 +296,16 @@ async def test_a_periodic_evaluation_stopped_midway_runs_on_resume(tmp_path, com
     class Trainer:
         policy = DemonstrationPolicy(test)
 
-    state = {"step": 1, "history": [{"step": 1}], "pending_eval": 1}  # as a stop during step 1's evaluation left it
-    state = await pipeline.train_loop(Trainer(), build_server(company_db), train, cfg, tmp_path, state,
-                                      pipeline.periodic_scenarios(cfg, [], test))
-    assert state["history"][-1]["test_success"] == 1.0 and "pending_eval" not in state
-    assert (tmp_path / "eval_test_step1.jsonl").exists()
+    stopped = [{"step": 1, "reward_mean": 0.0}]  # as a stop during step 1's evaluation left it
+    r = training_run(Trainer(), cfg, tmp_path / "run", step=1, history=stopped)
+    seen = []
+
+    class Evaluations(TrainerCallback):
+        def on_evaluate(self, run, label, result, seconds):
+            seen.append(label)
+
+    r.callbacks.append(Evaluations())
+    state = await r.train(build_server(company_db), train, [], test)
+    assert state.history[-1]["test_success"] == 1.0 and (r.dir / "eval_test_step1.jsonl").exists()
+    await r.train(build_server(company_db), train, [], test)  # its point recorded: not evaluated twice
+    assert seen == ["test_step1"]

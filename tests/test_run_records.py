@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from mcp_rl import cli, pipeline
+from mcp_rl import cli
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.manifest import MANIFEST, CheckpointCorrupt, write_manifest
 from mcp_rl.runs import RunFolderError, open_run
@@ -24,8 +24,8 @@ def recorded(tmp_path, step=1, **reward):
     """A run folder past its base evaluation, at `step`, with its checkpoint and base evaluation."""
     cfg = config(tmp_path / "run", **reward)
     r = open_run(cfg)
-    r.state.update(phase="training", step=step, evals={"base": 0})
-    r._commit()
+    r.state = dataclasses.replace(r.state, phase="training", step=step, evals={"base": 0})
+    r.commit()
     (tmp_path / "run" / "eval_base.jsonl").write_text('{"id": "s1", "success": 0.0}\n')
     (tmp_path / "run" / "checkpoints" / f"step-{step:04d}").mkdir(parents=True)
     return cfg
@@ -65,7 +65,7 @@ def test_a_custom_reward_recorded_by_the_old_repr_still_reopens(tmp_path):
 def test_checkpoints_without_state_json_are_refused_not_restarted(tmp_path):
     cfg = recorded(tmp_path)
     (tmp_path / "run" / "state.json").unlink()
-    with pytest.raises(RunFolderError, match=r"holds step-0001, eval_base.jsonl but no state.json.*fresh=True") as e:
+    with pytest.raises(RunFolderError, match=r"holds step-0001, eval_base.jsonl, metrics.jsonl but no state.json.*fresh=True") as e:
         open_run(cfg)
     assert "\n" not in str(e.value)
     assert (tmp_path / "run" / "eval_base.jsonl").read_text().startswith('{"id": "s1"')  # left as it was
@@ -77,7 +77,7 @@ def test_a_folder_with_only_its_config_is_still_a_new_run(tmp_path):
     """open_run writes config.json at once: a run stopped before its first commit has nothing else."""
     cfg = config(tmp_path / "run")
     open_run(cfg)
-    assert open_run(cfg).state["phase"] == "new"
+    assert open_run(cfg).state.phase == "new"
 
 
 def test_state_json_without_config_json_is_refused(tmp_path):
@@ -134,6 +134,9 @@ def test_a_resume_refuses_a_checkpoint_that_differs_from_its_manifest(tmp_path):
     class Trainer:
         step, sft_steps = 0, 0
 
+        async def start(self):
+            pass
+
         def load(self, path):
             pytest.fail("a checkpoint that is not as saved was loaded")
 
@@ -142,19 +145,19 @@ def test_a_resume_refuses_a_checkpoint_that_differs_from_its_manifest(tmp_path):
 
 
 def test_checkpoints_of_a_trainer_without_its_own_manifest_get_one(tmp_path):
-    """ART saves its LoRA itself; our step folder records it (art_trainer.json) and its manifest hashes it."""
-    lora = tmp_path / ".art" / "0001"
-    lora.mkdir(parents=True)
-    (lora / "adapter_model.safetensors").write_bytes(b"lora")
+    """Both backends write their manifest in `save` (ART's hashes its own LoRA: test_art_backend.py); a
+    trainer of the user's that writes none gets one from the run, so a resume still checks its files."""
 
-    class ARTLike:
+    class Mine:
         def save(self, path):
             path.mkdir(parents=True)
-            (path / "art_trainer.json").write_text(json.dumps({"art_checkpoint": str(lora)}))
+            (path / "weights.bin").write_bytes(b"w")
 
-    pipeline._checkpoint(ARTLike(), tmp_path, {"step": 1, "history": []})
-    files = json.loads((tmp_path / "checkpoints" / "step-0001" / MANIFEST).read_text())["files"]
-    assert set(files) == {"art_trainer.json", "art_checkpoint/adapter_model.safetensors"}
+    r = open_run(config(tmp_path / "run"))
+    r.state.step = 1
+    r._checkpoint(Mine())
+    files = json.loads((tmp_path / "run" / "checkpoints" / "step-0001" / MANIFEST).read_text())["files"]
+    assert set(files) == {"weights.bin"} and json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 1
 
 
 # ---- secrets inside values stay out of config.json ----------------------------------------
@@ -181,8 +184,8 @@ def test_config_json_hides_secrets_inside_values(tmp_path):
 def test_a_resume_compares_redacted_values(tmp_path):
     cfg = secret_config(tmp_path / "run")
     r = open_run(cfg)
-    r.state.update(phase="training", step=1)
-    r._commit()
+    r.state = dataclasses.replace(r.state, phase="training", step=1)
+    r.commit()
     assert open_run(secret_config(tmp_path / "run")).step == 1  # the same secrets: no change
     with pytest.raises(ValueError, match="reward.judge_params.temperature: 0.3 -> 0.9"):
         open_run(secret_config(tmp_path / "run", temperature=0.9))

@@ -4,16 +4,31 @@ The real loop (company server over HTTP, LocalPolicy, PortableTrainer) on a tiny
 with SmolLM2's tokenizer, as in tests/test_pipeline.py. Run: pytest tests/test_runs.py
 """
 
+import dataclasses
 import json
 
 import pytest
 
 from mcp_rl import parts, pipeline
+from mcp_rl.callbacks import HeldOutCurve, TrainerCallback
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.launch import HttpServer, company_server_command
 from mcp_rl.guard import SideEffectsRefused
-from mcp_rl.runs import _LOADED, open_run, run
+from mcp_rl.run_folder import _LOADED, _Loaded
+from mcp_rl.runs import open_run, run
 from mcp_rl.scenarios import Scenario
+
+
+class StandIn:
+    """The Trainer protocol's bookkeeping without a model (mcp_rl.parts.Trainer)."""
+
+    step, sft_steps, policy = 0, 0, None
+
+    async def start(self):
+        pass
+
+    def save(self, path):
+        path.mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture
@@ -86,7 +101,7 @@ async def test_fresh_run_starts_a_new_folder_at_step_0(tmp_path, server, built):
     await first.trainer()
     await first.evaluate("base", server, test)
     fresh = open_run(cfg, fresh=True)
-    assert fresh.dir != first.dir and fresh.dir.name.startswith("run-") and fresh.state["phase"] == "new"
+    assert fresh.dir != first.dir and fresh.dir.name.startswith("run-") and fresh.state.phase == "new"
     await fresh.trainer()
     assert len(built) == 2  # a new folder gets its own untrained model
 
@@ -154,25 +169,26 @@ def test_config_json_records_no_key_or_token(tmp_path):
     assert cfg.reward.judge_api_key == "sk-secret-789"  # the run itself still has the key
 
 
-def test_train_evaluates_the_split_the_config_names(tmp_path, monkeypatch):
+def test_train_evaluates_the_split_the_config_names(tmp_path):
     import asyncio
 
     cfg = apply_overrides(config(tmp_path / "run"), ["train.eval_every=1", "train.eval_every_split=test",
                                                      "train.eval_every_scenarios=1"])
     r = open_run(cfg)
-    r._trainer, r.state["phase"] = type("Trainer", (), {})(), "training"
+    r._trainer, r.state.phase, r.state.step = StandIn(), "training", 1  # no step left: only the hooks run
     seen = {}
 
-    async def loop(trainer, server, train, cfg, out, state, periodic):
-        seen["periodic"] = periodic
-        return state
+    class Look(TrainerCallback):
+        async def on_train_begin(self, run):
+            seen["curves"] = [(c.scenarios, c.every, c.key) for c in run.callbacks if isinstance(c, HeldOutCurve)]
 
-    monkeypatch.setattr(pipeline, "train_loop", loop)
+    r.callbacks.append(Look())
     asyncio.run(r.train("server", [Scenario(id="s1", task="q")], ["v1", "v2"], ["t1", "t2"]))
-    assert seen["periodic"] == ["t1"]  # the test split, cut to eval_every_scenarios: not the val list given
+    # the test split, cut to eval_every_scenarios: not the val list given; gone from the run after train
+    assert seen["curves"] == [(["t1"], 1, "test_success")] and not any(isinstance(c, HeldOutCurve) for c in r.callbacks)
 
 
-class _ARTLike:
+class _ARTLike(StandIn):
     """ART saves each update itself: after a stop mid-step its checkpoints can be one update past the run's record."""
 
     def __init__(self, actual_step: int):
@@ -182,25 +198,22 @@ class _ARTLike:
         self.step = self.actual
         return {"step": 1}  # what the run recorded with its step-0001 checkpoint
 
-    def save(self, path):
-        path.mkdir(parents=True, exist_ok=True)
-
 
 @pytest.mark.parametrize("actual, steps_after", [(1, 1), (2, 2), (3, None)])
 def test_an_update_the_run_did_not_record_is_counted_not_trained_again(tmp_path, actual, steps_after):
     import asyncio
 
     r = open_run(config(tmp_path / "run", steps=3))
-    r.state.update(step=1, phase="training", history=[{"step": 1, "reward_mean": 0.1}])
+    r.state = dataclasses.replace(r.state, step=1, phase="training", history=[{"step": 1, "reward_mean": 0.1}])
     (tmp_path / "run" / "checkpoints" / "step-0001").mkdir(parents=True)
     if steps_after is None:
         with pytest.raises(ValueError, match="2 updates past the run's record"):
             asyncio.run(r.trainer(_ARTLike(actual)))
         return
     asyncio.run(r.trainer(_ARTLike(actual)))
-    assert r.step == steps_after and len(r.state["history"]) == steps_after
+    assert r.step == steps_after and len(r.state.history) == steps_after
     if steps_after == 2:
-        assert "recovered" in r.state["history"][-1] and (tmp_path / "run" / "checkpoints" / "step-0002").is_dir()
+        assert "recovered" in r.state.history[-1] and (tmp_path / "run" / "checkpoints" / "step-0002").is_dir()
         assert json.loads((tmp_path / "run" / "state.json").read_text())["step"] == 2
 
 
@@ -208,12 +221,12 @@ def test_a_second_art_model_in_one_process_is_refused_before_it_loads(tmp_path, 
     import asyncio
 
     monkeypatch.setattr(parts, "build_trainer", lambda cfg: pytest.fail("a second vLLM engine was started"))
-    monkeypatch.setitem(_LOADED, f"{tmp_path / 'first'}|Qwen/Qwen2.5-3B-Instruct|art", object())
-    monkeypatch.setitem(_LOADED, f"{tmp_path / 'cpu'}|smollm2|portable", object())
+    monkeypatch.setitem(_LOADED, f"{tmp_path / 'first'}|Qwen/Qwen2.5-3B-Instruct|art", _Loaded(StandIn(), 0))
+    monkeypatch.setitem(_LOADED, f"{tmp_path / 'cpu'}|smollm2|portable", _Loaded(StandIn(), 0))
     cfg = apply_overrides(config(tmp_path / "second"), ["train.backend=art", "train.warm_start_scenarios=0"])
     with pytest.raises(RuntimeError, match="already loaded in this process for .*first.*Restart session"):
         asyncio.run(open_run(cfg).trainer())
-    monkeypatch.setattr(parts, "build_trainer", lambda cfg: type("T", (), {"step": 0})())
+    monkeypatch.setattr(parts, "build_trainer", lambda cfg: StandIn())
     asyncio.run(open_run(config(tmp_path / "third")).trainer())  # a portable run: the other portable one is let go
     assert not any(k.startswith(str(tmp_path / "cpu")) for k in _LOADED) and len(_LOADED) == 2
 
@@ -222,8 +235,8 @@ def test_a_second_art_model_in_one_process_is_refused_before_it_loads(tmp_path, 
 def _recorded(tmp_path, phase="training", step=1):
     cfg = config(tmp_path / "run")
     r = open_run(cfg)
-    r.state.update(phase=phase, step=step)
-    r._commit()
+    r.state = dataclasses.replace(r.state, phase=phase, step=step)
+    r.commit()
     return cfg
 
 
@@ -260,14 +273,11 @@ def test_a_trainer_left_midway_is_not_reused(tmp_path, monkeypatch):
 
     cfg = _recorded(tmp_path, phase="training", step=0)
 
-    class Trainer:
-        step, sft_steps, loads = 0, 0, 0
+    class Trainer(StandIn):
+        loads = 0
 
         def load(self, path):
             Trainer.loads += 1
-
-        def save(self, path):
-            path.mkdir(parents=True, exist_ok=True)
 
     (tmp_path / "run" / "checkpoints" / "step-0000").mkdir(parents=True)
     r = open_run(cfg)
@@ -280,7 +290,7 @@ def test_a_trainer_left_midway_is_not_reused(tmp_path, monkeypatch):
         trainer.step += 1  # the update happened, then the step failed before its commit
         raise OSError("disk full")
 
-    monkeypatch.setattr(pipeline, "train_loop", fails)
+    monkeypatch.setattr(pipeline, "train_step", fails)
     with pytest.raises(OSError):
         asyncio.run(r.train("server", [Scenario(id="s1", task="q")]))
     asyncio.run(r.trainer(trainer))
@@ -289,19 +299,17 @@ def test_a_trainer_left_midway_is_not_reused(tmp_path, monkeypatch):
     dirty = Trainer()
     dirty.sft_steps = 8  # a warm start that stopped before its commit
     base = open_run(apply_overrides(config(tmp_path / "other"), []))
-    base.state["phase"] = "base_done"
+    base.state.phase = "base_done"
     with pytest.raises(ValueError, match="8 warm-start updates"):
         asyncio.run(base.trainer(dirty))
 
 
 def test_checkpoints_are_pruned_by_number(tmp_path):
-    class Trainer:
-        def save(self, path):
-            path.mkdir(parents=True)
-
+    r = open_run(config(tmp_path / "run"))
     for step in (9998, 9999, 10000):
-        pipeline._checkpoint(Trainer(), tmp_path, {"step": step, "history": []})
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-10000", "step-9999"]
+        r.state.step = step
+        r._checkpoint(StandIn())
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-10000", "step-9999"]
 
 
 def test_a_server_interrupted_while_starting_is_not_left_running(monkeypatch):

@@ -588,3 +588,21 @@ def test_an_attention_that_ignores_packed_positions_keeps_the_padded_path(tiny_p
     assert make().packed
     monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda position_ids: None)
     assert not make().packed
+
+
+def test_both_backends_are_the_runs_trainer(tiny_trainer):
+    """mcp_rl.parts.Trainer: what `Run` calls, so it asks no trainer what it has (no hasattr, no maybe-await).
+    Checked on the classes: ART's `policy` exists only once vLLM has started."""
+    import inspect
+
+    from mcp_rl.art_backend import ARTTrainer
+    from mcp_rl.parts import Trainer
+
+    assert isinstance(tiny_trainer(), Trainer)
+    for trainer in (tiny_trainer(), ARTTrainer("agent-001")):
+        cls = type(trainer)
+        assert all(inspect.iscoroutinefunction(getattr(cls, m)) for m in ("start", "train")), cls
+        assert all(callable(getattr(cls, m)) and not inspect.iscoroutinefunction(getattr(cls, m))
+                   for m in ("warm_start", "save", "load")), cls
+        assert isinstance(trainer.step, int) and isinstance(trainer.sft_steps, int)
+        assert hasattr(cls, "policy") or "policy" in vars(trainer)
