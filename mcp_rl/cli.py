@@ -103,6 +103,7 @@ def cmd_rollout(a) -> int:
 def cmd_eval(a) -> int:
     from .audit import TOOL_CALLS, log_tool_calls
     from .config import run_config
+    from .counterfactual import for_server
     from .evaluate import evaluate, save_eval, write_report
     from .parts import check_tools
 
@@ -118,7 +119,7 @@ def cmd_eval(a) -> int:
         # With --out, every tool call is logged beside the eval rows (and counted in report.md).
         with log_tool_calls(Path(a.out) / TOOL_CALLS, phase=f"eval {label}") if a.out else contextlib.nullcontext():
             return await evaluate(policy, server, scenarios, label=label, rollout_cfg=rollout_cfg,
-                                  reward_cfg=cfg.reward, k=a.k)
+                                  reward_cfg=cfg.reward, k=a.k, counterfactual=for_server(cfg.server))
 
     result, _ = _with_server(cfg, go)
     print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%}" if result.pass_at_k is not None else ""))
@@ -130,6 +131,7 @@ def cmd_eval(a) -> int:
 
 def cmd_audit_reward(a) -> int:
     """Cheating policies through the real loop and reward: exit 1 when one earns more than --max-success."""
+    from .counterfactual import for_server
     from .parts import check_tools
     from .policy import DemonstrationPolicy
     from .reward_audit import audit_reward
@@ -144,7 +146,8 @@ def cmd_audit_reward(a) -> int:
 
     async def go(server):
         await check_tools(server, cfg)
-        return await audit_reward(server, scenarios, cfg.reward, cfg.rollout, demonstrations=demos)
+        return await audit_reward(server, scenarios, cfg.reward, cfg.rollout, demonstrations=demos,
+                                  counterfactual=for_server(cfg.server))  # the HTTP URL alone names no server
 
     report = _with_server(cfg, go)
     print(f"reward audit: {len(scenarios)} scenarios of {cfg.scenarios} ({a.split}), "

@@ -14,6 +14,7 @@ rebuilt from the run folder alone.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -27,7 +28,7 @@ import art
 
 from .audit import TOOL_CALLS, read_tool_calls, tool_call_table
 from .evidence import lookups
-from .rewards import RewardConfig, score_trajectory
+from .rewards import RewardConfig, replay_group, score_trajectory
 from .rollout import RolloutConfig, gather_rollouts, transcript
 
 SUCCESS = 0.999  # verified score counted as a success (full credit)
@@ -135,12 +136,20 @@ def summarize(rows: list[dict], label: str) -> EvalResult:
 
 
 async def evaluate(policy, server, scenarios, *, label: str, rollout_cfg: RolloutConfig | None = None,
-                   reward_cfg: RewardConfig | None = None, k: int = 1) -> tuple[EvalResult, list[art.TrajectoryGroup]]:
-    """Roll out every scenario `k` times and score with the verifiable reward."""
+                   reward_cfg: RewardConfig | None = None, k: int = 1,
+                   counterfactual=None) -> tuple[EvalResult, list[art.TrajectoryGroup]]:
+    """Roll out every scenario `k` times and score with the verifiable reward.
+
+    `counterfactual` (worlds, mcp_rl.counterfactual.for_server): right answers' lookups are replayed on
+    them first, as training's score_group does, so "grounded" means the same in both."""
     if any(s.answer is None for s in scenarios):
         raise ValueError("evaluation needs scenarios with verified answers (scenario.answer set)")
     reward_cfg = reward_cfg or RewardConfig()
     groups = await gather_rollouts(policy, server, scenarios, rollout_cfg, group_size=k, desc=f"eval {label}")
+    if counterfactual is not None and reward_cfg.counterfactual:
+        async with (counterfactual if hasattr(counterfactual, "__aenter__") else contextlib.nullcontext()):
+            for group, s in zip(groups, scenarios):
+                await replay_group(group.trajectories, s.answer, s, reward_cfg, counterfactual, s.id)
     return summarize(rows_from_groups(groups, scenarios, reward_cfg), label), groups
 
 

@@ -69,7 +69,8 @@ async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str) ->
     """Verified success of `policy` on `scenarios` (greedy by default); a run saves the rows."""
     rcfg = rollout_config(cfg, temperature=cfg.train.eval_temperature)
     with log_tool_calls(phase=f"eval {label}"):  # rows go to the run's log when one is open
-        result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward)
+        result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward,
+                                  counterfactual=for_server(cfg.server))
     _log(result.line())
     return result
 

@@ -316,7 +316,7 @@ def _answer(traj: art.Trajectory, cfg: RewardConfig) -> Any:
     return traj.metadata.get("answer") if traj.metrics.get("completed") or not cfg.require_complete_task else None
 
 
-async def _replay(trajs: list[art.Trajectory], expected: Any, scenario: Any, cfg: RewardConfig,
+async def replay_group(trajs: list[art.Trajectory], expected: Any, scenario: Any, cfg: RewardConfig,
                   worlds: Replayer, sid: str) -> None:
     """Replay, on the counterfactual worlds, the lookups that would ground a (partly) right answer; the
     outcome goes on each trajectory (metadata["counterfactual"]) for `_apply` and any later re-scoring."""
@@ -377,7 +377,7 @@ async def score_group(group: art.TrajectoryGroup, scenario: Any, cfg: RewardConf
                     "to reward (set judge_model or a custom reward for unverifiable scenarios)", sid)
         return None
     if cfg.counterfactual and counterfactual is not None and expected is not None:
-        await _replay(group.trajectories, expected, scenario, cfg, counterfactual, sid)
+        await replay_group(group.trajectories, expected, scenario, cfg, counterfactual, sid)
     for i, traj in enumerate(group.trajectories):
         _apply(traj, expected, cfg, sid, scenario=scenario, ruler=None if scores is None else scores[i],
                judge_failed=judge_failed)

@@ -199,3 +199,35 @@ def test_report_comparison_survives_a_reload_from_files(tmp_path):
     assert section.index("### 1. s1: failed → solved") < section.index("### 2. s2: solved → failed")
     assert "[tool] rows: 3 &amp; counting" in section
     assert section.strip() in compare_transcripts(tmp_path)
+
+
+@pytest.mark.parametrize("sql, grounded", [
+    ("SELECT CAST(x'3134' AS INTEGER) AS n FROM employees LIMIT 1", 0.0),  # an encoded echo of 14 over a row
+    ("SELECT COUNT(*) FROM employees e JOIN departments d ON d.id = e.department_id WHERE d.name = 'Operations'", 1.0),
+])
+async def test_evaluate_replays_lookups_on_the_counterfactual_worlds(company_db, sql, grounded):
+    """Held-out "grounded" means what training pays: an encoded echo grounds nothing, an honest count does."""
+    from mcp_rl.counterfactual import for_server
+    from mcp_server import build_server
+
+    server = build_server(company_db)
+    n = int(company_db_query(company_db, "SELECT COUNT(*) FROM employees e JOIN departments d ON d.id = "
+                                         "e.department_id WHERE d.name = 'Operations'"))
+    scenario = Scenario(id="ops", task="How many employees work in the Operations department?", answer=n)
+    echo = sql.replace("3134", str(n).encode().hex())
+
+    def script(messages):
+        if not any(m.get("role") == "tool" for m in messages):
+            return {"tool": "run_query", "arguments": {"sql": echo}}
+        return tool_call_text(COMPLETE_TOOL_NAME, {"answer": str(n)})
+
+    plain, _ = await evaluate(ScriptedPolicy(script), server, [scenario], label="plain")
+    replayed, _ = await evaluate(ScriptedPolicy(script), server, [scenario], label="cf",
+                                 counterfactual=for_server(server))
+    assert plain.success_rate == replayed.success_rate == 1.0
+    assert plain.grounded_rate == 1.0 and replayed.grounded_rate == grounded  # the echo passes the cheap checks alone
+
+
+def company_db_query(db, sql):
+    import sqlite3
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(sql).fetchone()[0]
