@@ -566,3 +566,28 @@ async def test_the_endpoint_cell_answers_on_both_backends(name, backend, capsys)
     assert all(loop is asyncio.get_running_loop() for loop in loops)  # never called from the endpoint's own loop
     assert "tool calls: [('list_tables', '{}')]" in out
     assert (vllm.base_url in out) == (backend == "art")  # ART: vLLM's own URL; else the cell's own endpoint
+
+
+# ---------------------------------------------------------------- the executed GPU copy stays current
+EXECUTED = ROOT / "bench" / "results" / "notebook_gpu"
+
+
+def _code_cells(path: Path) -> list[str]:
+    nb = json.loads(path.read_text())
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+            and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]  # papermill's own cell
+
+
+def test_the_executed_gpu_notebook_is_the_source_notebook_run_whole():
+    """A change to a code cell of notebook 01 needs a new GPU execution (bench/gpu_notebook.py), or a line in
+    bench/results/notebook_gpu/README.md "Code cells changed since this execution: N, M" naming each one."""
+    ran, source = _code_cells(EXECUTED / "01_train_sql_agent.ipynb"), _code_cells(NB_DIR / "01_train_sql_agent.ipynb")
+    changed = [i for i, (a, b) in enumerate(zip(ran, source)) if a != b] + list(range(min(len(ran), len(source)),
+                                                                                max(len(ran), len(source))))
+    noted = re.search(r"Code cells changed since this execution: ([\d, ]+)", (EXECUTED / "README.md").read_text())
+    assert changed == ([int(x) for x in noted.group(1).split(",")] if noted else []), (
+        f"notebook 01's code cells {changed} differ from the executed copy in {EXECUTED}: execute it again "
+        "(bench/gpu_notebook.py) or list them in its README")
+    summary = json.loads((EXECUTED / "summary.json").read_text())
+    assert summary["cells_run"] == summary["code_cells"] and not summary["cells_with_errors"] and not summary["error"]
+    assert summary["parameters"]["EVAL_SCENARIOS"] >= 64  # issue [tutorial] item 11: a held-out set that can show a gain
