@@ -35,6 +35,9 @@ GEMMA = dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hid
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
                tie_word_embeddings=True)
+QWEN3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+              num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+              tie_word_embeddings=True)  # Qwen2.5-3B-Instruct's shape (Qwen2's q/k/v biases left out: a rounding error)
 TINY = dict(SMOLLM2, vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2)
 
@@ -47,7 +50,7 @@ def model_of(shape: str, device: str):
     if shape == "gemma3-270m":
         model = Gemma3ForCausalLM(Gemma3TextConfig(**GEMMA, bos_token_id=2, eos_token_id=1, pad_token_id=0))
     else:
-        model = LlamaForCausalLM(LlamaConfig(**(SMOLLM2 if shape == "smollm2" else TINY), bos_token_id=1,
+        model = LlamaForCausalLM(LlamaConfig(**{"smollm2": SMOLLM2, "qwen3b": QWEN3B}.get(shape, TINY), bos_token_id=1,
                                              eos_token_id=2, pad_token_id=2))
     return model.to(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
 
@@ -106,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     from mcp_rl.train import PortableTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=("gemma3-270m", "smollm2", "tiny"), default="gemma3-270m")
+    ap.add_argument("--shape", choices=("gemma3-270m", "smollm2", "qwen3b", "tiny"), default="gemma3-270m")
+    ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in both modes (the 3B shape)")
+    ap.add_argument("--peak-tflops", type=float, default=989.4, help="the GPU's dense bf16 peak (H100 SXM: 989.4)")
     ap.add_argument("--seqs", type=int, default=192, help="sequences in the step (12 groups x 16)")
     ap.add_argument("--mean-len", type=int, default=1250)
     ap.add_argument("--longest", type=int, default=8078)
@@ -126,11 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         trainers[mode] = PortableTrainer(
             policy, learning_rate=2e-4, lora_r=16, lora_alpha=32, max_seq_len=8192, precision="auto",
             micro_batch_size=args.old_micro_batch, micro_batch_tokens=args.budget if mode == "new" else 0,
-            packed=mode == "new")
+            packed=mode == "new", gradient_checkpointing=args.checkpointing)
         trainers[mode].tokenizer = policy.tokenizer
     print(f"{args.shape}: {len(seqs)} sequences, {sum(len(s['ids']) for s in seqs)} tokens, "
           f"{sum(sum(s['mask']) for s in seqs)} trained, longest {max(len(s['ids']) for s in seqs)}; "
           f"packed {trainers['new'].packed}, fused head {trainers['new']._fused}", flush=True)
+    # Model FLOPs utilisation by the usual convention: 6 x parameters per trained-over token (forward and
+    # backward; attention's own FLOPs and checkpointing's recompute not counted), over the GPU's dense peak.
+    n_params = sum(p.numel() for p in base.parameters())
     rows = []
     for rep in range(args.reps + 1):  # rep 0 warms up (Triton and cuBLAS autotuning)
         for mode in (("old", "new") if rep % 2 == 0 else ("new", "old")):
@@ -141,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 trainers[mode].optimizer.zero_grad(set_to_none=True)
                 result = {"error": "out of memory", "detail": str(e)[:200]}
                 torch.cuda.empty_cache()
+            if "seconds" in result:
+                result["mfu"] = round(6 * n_params * result["tokens"] / result["seconds"] / (args.peak_tflops * 1e12), 4)
             row = {"shape": args.shape, "rep": rep, "mode": mode, "warmup": rep == 0, **result,
                    "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
             with torch.no_grad():  # back to the same weights: every update starts from the same LoRA
