@@ -54,7 +54,8 @@ sys.path.insert(0, ".")
 for m in ("mcp_rl.pipeline", "mcp_rl.runs", "mcp_rl.export", "mcp_rl.local_policy", "mcp_rl.train", "mcp_rl.rollout", "mcp_rl.evaluate",
           "art", "art.rewards", "art.mcp", "fastmcp", "litellm", "sqlite_utils", "gguf", "uvicorn",
           "sse_starlette", "mcp.client.streamable_http", "mcp_server",
-          "papermill", "nbclient", "nbformat", "ipykernel.kernelapp", "IPython", "matplotlib"):  # the notebook
+          "papermill", "nbclient", "nbformat", "ipykernel.kernelapp", "IPython", "matplotlib",  # the notebook
+          "openai.lib.streaming.chat", "stack_data"):  # its endpoint cell (jiter), IPython's tracebacks
     importlib.import_module(m)
 import tempfile, mcp_server, uvicorn
 app = mcp_server.build_server(tempfile.mkdtemp() + "/c.db").http_app()  # tools import griffe lazily
