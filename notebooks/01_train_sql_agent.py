@@ -36,7 +36,7 @@
 #
 # The light install (`PRESET = "t4-unsloth"`) installs in about two minutes but samples about half
 # as fast, so it runs 3 steps in the same hour. The CPU path (`PRESET = "cpu"`) runs the `cpu`
-# preset, the same run as `make demo`: about 18 minutes on 2 quiet CPU cores, up to 39 on shared ones
+# preset, the same run as `make demo`: about 14 minutes on 2 quiet CPU cores, up to 39 on shared ones
 # in our runs (Colab's free CPU machine has 2), plus the install. It shows that every stage runs; learning shows on a GPU
 # (`bench/RESULTS.md`).
 #
