@@ -1,7 +1,8 @@
 """mcp-rl: teach a small open LLM, by reinforcement learning, to use an MCP server well.
 
 Pipeline (one module per stage): connect → scenarios → rollout → rewards →
-train → evaluate → export; `runs` strings the stages into a resumable run. `guard` decides which
+train → evaluate → export; `runs` strings the stages into a resumable run, on an `Environment`
+(a server, its tasks, their reward; the shipped ones are in mcp_rl/environments/). `guard` decides which
 server tools an agent is offered, `audit` logs every tool call a run makes, `reward_audit` checks
 that cheating policies earn nothing under a run's reward before it trains. Names that need torch
 (LocalPolicy, PortableTrainer, ...) are imported on first use, so `import mcp_rl` stays light for
@@ -9,6 +10,8 @@ the server-only paths.
 """
 
 import os
+import sys
+import types
 from importlib import import_module
 
 # litellm fetches its price list at import time unless told otherwise; offline machines
@@ -20,9 +23,12 @@ _NAMES = {
                 "tools_table"],
     "guard": ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "ToolsChanged", "classify_tool", "filter_tools"],
     "audit": ["log_tool_calls", "read_tool_calls"],
-    "scenarios": ["Scenario", "load_scenarios", "save_scenarios", "split_scenarios", "collect_context",
-                  "grounded_scenarios", "llm_scenarios", "enrich_tools"],
-    "policy": ["Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy", "DemonstrationPolicy"],
+    "scenarios": ["Scenario", "load_scenarios", "save_scenarios", "split_scenarios"],
+    "context": ["collect_context", "enrich_tools"],
+    "grounded": ["grounded_scenarios"],
+    "generate": ["llm_scenarios", "generate_to_file"],
+    "environment": ["Environment", "environment"],
+    "policy": ["Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy", "DemonstrationPolicy", "sql_plan"],
     "local_policy": ["LocalPolicy", "load_local_model"],
     "rollout": ["RolloutConfig", "rollout", "gather_rollouts", "transcript"],
     "rewards": ["RewardConfig", "verify_answer", "score_group", "score_trajectory"],
@@ -34,7 +40,7 @@ _NAMES = {
     "art_backend": ["ARTTrainer"],
     "evaluate": ["EvalResult", "evaluate", "write_report", "compare_transcripts"],
     "config": ["Config", "TrainConfig", "PRESETS", "preset", "load_config", "apply_overrides"],
-    "launch": ["HttpServer", "serve_http", "company_server_command"],
+    "launch": ["HttpServer", "serve_http"],
     "parts": ["Trainer", "build_trainer", "open_server"],
     "pipeline": ["load_splits", "audit_before_training", "evaluate_policy", "warm_start", "train_step"],
     "callbacks": ["TrainerCallback", "HeldOutCurve", "Deadline"],
@@ -50,10 +56,21 @@ __all__ = sorted(_WHERE)
 __version__ = "0.1.0"
 
 
-# `rollout` and `evaluate` are both a function and the module that defines it: importing the
-# module would set the package attribute to the module, so bind the functions up front.
-from .evaluate import evaluate  # noqa: E402
-from .rollout import rollout  # noqa: E402
+
+class _Package(types.ModuleType):
+    """`rollout` and `evaluate` are both a function and the module that defines it: the import system
+    sets a loaded submodule as its package's attribute, which would hide the function. Binding the
+    functions at import time would import torch-free but heavy modules (MCP, litellm: seconds) into
+    every process that imports any part of mcp_rl, the company server's included; so the package
+    keeps the function whenever the import system hands it the module."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("rollout", "evaluate") and isinstance(value, types.ModuleType) and hasattr(value, name):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from . import flags
 from .config import PRESETS, Config
-from .launch import COMPANY, server_spec
+from .environment import environment
+from .environments import DEFAULT
 
 ROLLOUT = flags.flags_of("rollout")  # every RolloutConfig field a flag can set
 EVAL_ROLLOUT = tuple(p for p in ROLLOUT if p != "rollout.temperature") + ("train.eval_temperature",)
@@ -48,8 +49,8 @@ def _policy(cfg: Config, a: argparse.Namespace):
 
 
 def _with_server(cfg: Config, fn):
-    """`fn(spec)` (a coroutine function) run with the server cfg names, started for it when 'company'."""
-    with server_spec(cfg.server, cfg.server_token) as spec:
+    """`fn(spec)` (a coroutine function) run with the server of the environment cfg.server names."""
+    with environment(cfg.server).serve(cfg.server_token) as spec:
         return asyncio.run(fn(spec))
 
 
@@ -103,11 +104,10 @@ def cmd_rollout(a) -> int:
 def cmd_eval(a) -> int:
     from .audit import TOOL_CALLS, log_tool_calls
     from .config import run_config
-    from .counterfactual import for_server
     from .evaluate import evaluate, save_eval, write_report
     from .parts import check_tools
 
-    cfg = flags.config(a, run_config(a.run) if a.run else Config(server=COMPANY), trains=False)
+    cfg = flags.config(a, run_config(a.run) if a.run else Config(server=DEFAULT), trains=False)
     # A run's own evaluation: the first train.eval_scenarios of the split (pipeline.load_splits).
     scenarios = _scenarios(cfg.scenarios, a.split, a.n if a.n is not None or not a.run else cfg.train.eval_scenarios)
     rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.train.eval_temperature)
@@ -119,7 +119,7 @@ def cmd_eval(a) -> int:
         # With --out, every tool call is logged beside the eval rows (and counted in report.md).
         with log_tool_calls(Path(a.out) / TOOL_CALLS, phase=f"eval {label}") if a.out else contextlib.nullcontext():
             return await evaluate(policy, server, scenarios, label=label, rollout_cfg=rollout_cfg,
-                                  reward_cfg=cfg.reward, k=a.k, counterfactual=for_server(cfg.server))
+                                  reward_cfg=cfg.reward, k=a.k, counterfactual=environment(cfg.server).counterfactual())
 
     result, _ = _with_server(cfg, go)
     print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%}" if result.pass_at_k is not None else ""))
@@ -131,23 +131,21 @@ def cmd_eval(a) -> int:
 
 def cmd_audit_reward(a) -> int:
     """Cheating policies through the real loop and reward: exit 1 when one earns more than --max-success."""
-    from .counterfactual import for_server
     from .parts import check_tools
-    from .policy import DemonstrationPolicy
     from .reward_audit import audit_reward
 
-    cfg = flags.config(a, Config(server=COMPANY), trains=False)
+    cfg = flags.config(a, Config(server=DEFAULT), trains=False)
     scenarios = _scenarios(cfg.scenarios, a.split, a.n)
     if not scenarios:
         print(f"error: {cfg.scenarios} has no verified scenarios in split {a.split!r}", file=sys.stderr)
         return 2
-    # Demonstrations need each scenario's reference query (the company server's tool names).
-    demos = DemonstrationPolicy(scenarios) if all(s.reference for s in scenarios) and not a.no_demonstrations else None
+    env = environment(cfg.server)  # its demonstrations replay each scenario's reference
+    demos = env.demonstrations(scenarios) if all(s.reference for s in scenarios) and not a.no_demonstrations else None
 
     async def go(server):
         await check_tools(server, cfg)
         return await audit_reward(server, scenarios, cfg.reward, cfg.rollout, demonstrations=demos,
-                                  counterfactual=for_server(cfg.server))  # the HTTP URL alone names no server
+                                  counterfactual=env.counterfactual())
 
     report = _with_server(cfg, go)
     print(f"reward audit: {len(scenarios)} scenarios of {cfg.scenarios} ({a.split}), "
@@ -183,7 +181,7 @@ def cmd_demo(a) -> int:
     if "out" not in flags.given(a):
         a = argparse.Namespace(**vars(a), **{"cfg:out": f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"})
     t0 = time.monotonic()
-    cfg = _train_config(a, preset("cpu", server=COMPANY))
+    cfg = _train_config(a, preset("cpu", server=DEFAULT))
     res = asyncio.run(run(cfg, resume=a.resume))
     print("\n" + summary(res, cfg, (time.monotonic() - t0) / 60, cfg.out))
     return 0
@@ -197,7 +195,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m mcp_rl", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    on_company = {"server": COMPANY}  # eval and audit-reward start our server unless told otherwise
+    on_default = {"server": DEFAULT}  # eval and audit-reward use the default environment unless told otherwise
 
     def command(name, fn, help, *, server=None, model=False, split=False):
         sp = sub.add_parser(name, help=help)
@@ -232,7 +230,7 @@ def parser() -> argparse.ArgumentParser:
     flags.add_flags(sp, "rollout", ROLLOUT)
     sp.add_argument("--task", required=True)
 
-    sp = command("eval", cmd_eval, "verified success on held-out scenarios", server=on_company, model=True, split=True)
+    sp = command("eval", cmd_eval, "verified success on held-out scenarios", server=on_default, model=True, split=True)
     sp.add_argument("--run", help="a run folder: evaluate with its config.json (server, model, tools, rollout, "
                     "reward; --n default: its train.eval_scenarios) and newest checkpoint; flags override it")
     flags.add_flags(sp, "rollout", EVAL_ROLLOUT, names={"train.eval_temperature": ("--temperature",)})
@@ -241,7 +239,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="folder for eval rows, report and tool-call log")
 
     sp = command("audit-reward", cmd_audit_reward, "play cheating policies through the real loop and reward: does "
-                 "any earn credit?", server=on_company, split=True)
+                 "any earn credit?", server=on_default, split=True)
     flags.add_flags(sp, "audit", ("rollout.max_turns", "reward.audit_max_success", "reward.require_evidence"),
                     names={"reward.audit_max_success": ("--max-success",), "reward.require_evidence": ("--evidence",)})
     sp.add_argument("--no-demonstrations", action="store_true", help="no demonstration row (a server without SQL tools)")

@@ -27,6 +27,7 @@ import yaml
 
 from .art_backend import check_art_settings
 from .config_types import check_own_types, check_types, quoted
+from . import environments
 from .guard import ToolPolicy
 from .quote import short
 from .models import EMBEDDED
@@ -162,7 +163,8 @@ def check_episode_fits(rollout: RolloutConfig, train: TrainConfig) -> None:
 
 @dataclass
 class Config:
-    server: str = _f("mcp_server.py", "MCP server: a .py file or shell command (stdio), an http(s) URL, or 'company' (mcp_server.py over streamable HTTP on 127.0.0.1)")
+    server: str = _f("mcp_server.py", "MCP server or environment: a .py file or shell command (stdio), an http(s) URL, or the name of an "
+                 f"environment in mcp_rl/environments/ ({', '.join(environments.names())}: its server, started for you)")
     server_token: str | None = _f(None, "bearer token for an HTTP server (or env MCP_RL_TOKEN)")
     server_tools: list[str] | None = _f(None, "the only server tools the agent is offered (None: all); naming "
                                         "tools also allows those with side effects")

@@ -215,7 +215,7 @@ def quote_ident(name: str) -> str:
 
 async def _columns(session, sql_tool, table: str) -> list[tuple[str, str]]:
     """(name, type) of a SQLite table's columns, by whichever form the server accepts."""
-    # PRAGMA first: servers that guard SQLite with an authorizer (the company server does)
+    # PRAGMA first: servers that guard SQLite with an authorizer (as mcp_server.py does)
     # see the table-valued pragma_table_info() as a schema write; servers that accept only
     # statements starting with SELECT (mcp-server-sqlite) refuse PRAGMA but take the other.
     last: Exception | None = None

@@ -1,6 +1,6 @@
 """Counterfactual replay: a value is evidence only if it comes from the data.
 
-    worlds = for_server("mcp_server.py")          # the company server's: K=4 perturbed copies of its database
+    worlds = environment("company").counterfactual()   # K=4 perturbed copies of the company database
     await score_group(group, scenario, cfg, counterfactual=worlds)   # rewards.py replays what would ground
     async with worlds: texts = await worlds.replay("run_query", {"sql": "SELECT COUNT(*) FROM employees"})
 
@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import importlib.util
 import json
 import logging
-import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,7 +41,7 @@ from .perturb import perturb_copy, rename_literals, text_values
 from .tool_results import result_to_text
 from .verify import shown
 
-__all__ = ["Replayer", "SQLiteWorlds", "replay_lookups", "for_server", "COUNTERFACTUAL"]
+__all__ = ["Replayer", "SQLiteWorlds", "replay_lookups", "COUNTERFACTUAL"]
 
 log = logging.getLogger(__name__)
 
@@ -139,51 +136,3 @@ async def replay_lookups(traj: art.Trajectory, expected: Any, question: str, wor
         record[str(i)] = [None if t is None else values_of(t) for t in texts]
     traj.metadata[COUNTERFACTUAL] = json.dumps(record, ensure_ascii=False)
     return calls
-
-
-# ---------------------------------------------------------------- the company server's worlds
-_SCRIPT = Path(__file__).resolve().parent.parent / "mcp_server.py"
-
-
-@functools.lru_cache(maxsize=1)
-def _company_module():
-    spec = importlib.util.spec_from_file_location("mcp_rl_company_server", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _company_db(spec: Any) -> Path | None:
-    """The database of this repo's company server when `spec` names it, else None."""
-    spec = getattr(spec, "spec", spec)  # a ToolSession
-    db = getattr(spec, "company_db", None)  # a FastMCP object made by mcp_server.build_server
-    if db is not None:
-        return Path(db)
-    if spec == "company":
-        spec = str(_SCRIPT)
-    if isinstance(spec, str):
-        try:
-            spec = shlex.split(spec)
-        except ValueError:
-            return None
-    if not isinstance(spec, (list, tuple)) or not _SCRIPT.exists():
-        return None
-    argv = [str(a) for a in spec]
-    script = next((a for a in argv if a.endswith("mcp_server.py")), None)
-    if script is None or Path(script).resolve() != _SCRIPT:  # resolved as the stdio launch does: another
-        # project's mcp_server.py is another server
-        return None
-    db = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--db"), None)
-    return Path(db) if db else _SCRIPT.parent / "data" / "company.db"
-
-
-def for_server(spec: Any, *, k: int = 4, seed: int = 0) -> SQLiteWorlds | None:
-    """Counterfactual worlds for a server spec: this repo's company server ('company', 'mcp_server.py',
-    'python mcp_server.py --db X', its argv, or its FastMCP object); None for any other server."""
-    db = _company_db(spec)
-    if db is None:
-        return None
-    module = _company_module()
-    if not db.exists():
-        module.CompanyDB(db).tables()  # builds the file, as the server would on first use
-    return SQLiteWorlds(db, lambda path: module.build_server(path), k=k, seed=seed)

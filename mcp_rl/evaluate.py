@@ -140,7 +140,7 @@ async def evaluate(policy, server, scenarios, *, label: str, rollout_cfg: Rollou
                    counterfactual=None) -> tuple[EvalResult, list[art.TrajectoryGroup]]:
     """Roll out every scenario `k` times and score with the verifiable reward.
 
-    `counterfactual` (worlds, mcp_rl.counterfactual.for_server): right answers' lookups are replayed on
+    `counterfactual` (worlds, Environment.counterfactual()): right answers' lookups are replayed on
     them first, as training's score_group does, so "grounded" means the same in both."""
     if any(s.answer is None for s in scenarios):
         raise ValueError("evaluation needs scenarios with verified answers (scenario.answer set)")

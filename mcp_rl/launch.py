@@ -1,17 +1,14 @@
 """Start an MCP server as a subprocess on a local HTTP port.
 
-    server = HttpServer(company_server_command()).start()     # notebooks: stays up across cells
-    print(server.url)                                          # http://127.0.0.1:PORT/mcp
+    server = HttpServer([sys.executable, "my_server.py"]).start()   # notebooks: stays up across cells
+    print(server.url)                                               # http://127.0.0.1:PORT/mcp
     server.stop()
 
-    async with serve_http(company_server_command()) as url:    # scripts: for as long as a block runs
+    async with serve_http(argv) as url:                             # scripts: for as long as a block runs
         ...
 
-    with server_spec("company", token) as spec:                 # a --server / Config.server value
-        asyncio.run(rollout(policy, spec, scenario))            # 'company' started, anything else as given
-
-Used by the demo and the notebooks so the agent talks to the company server
-over a real transport (streamable HTTP), one session per rollout.
+`Environment.serve` / `.start` use it for an environment whose server is a command (the company one),
+so the agent talks to it over a real transport (streamable HTTP), one session per rollout.
 
 The child never outlives its starter: `stop()` (or the `with` block) ends it, so does the starting
 interpreter's normal exit (atexit), and on Linux so does the starter's death by any signal,
@@ -32,20 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
-SERVER_SCRIPT = REPO / "mcp_server.py"
-COMPANY = "company"  # the server spec that names this repo's server, started over HTTP on a local port
-
-
-def company_server_command(db: str | Path | None = None) -> list[str]:
-    """argv that runs this repo's company-db server (mcp_server.py)."""
-    if not SERVER_SCRIPT.exists():
-        raise FileNotFoundError(f"{SERVER_SCRIPT} is missing: install mcp-rl from a checkout (pip install -e .)")
-    return [sys.executable, str(SERVER_SCRIPT), *(["--db", str(db)] if db else [])]
-
 
 def _die_with_parent() -> Any:
     """A preexec_fn asking Linux for SIGTERM to the child when the thread that started it dies; None
@@ -168,21 +152,16 @@ async def serve_http(argv: list[str], *, port: int | None = None, token: str | N
         server.stop()
 
 
-@contextlib.contextmanager
-def server_spec(server: str, token: str | None = None):
-    """The ServerSpec rollouts use for a `--server` / `Config.server` value while the block runs:
-    'company' starts mcp_server.py over HTTP on a free port (stopped after the block), an http(s)
-    URL with a bearer `token` becomes {"url", "token"}, anything else (a .py file, a shell command,
-    a URL without a token) is the spec as it is. The one place that reads 'company'
-    (the CLI's commands and the rollout worker use it; mcp_rl.parts has its own for runs).
+class Running:
+    """A server that needs no starting (a URL, a stdio command, a FastMCP object), shaped like a started
+    HttpServer for notebooks: `.spec`, `.alive`, `.stop()` (a stdio server lives one session at a time)."""
 
-    >>> with server_spec("http://127.0.0.1:9/mcp", "t") as spec: spec
-    {'url': 'http://127.0.0.1:9/mcp', 'token': 't'}
-    """
-    if server == COMPANY:
-        with HttpServer(company_server_command(), token=token) as started:
-            yield started.spec
-    elif token and server.startswith(("http://", "https://")):
-        yield {"url": server, "token": token}
-    else:
-        yield server
+    def __init__(self, spec):
+        self.spec, self.alive = spec, True
+
+    @property
+    def url(self) -> str | None:
+        return self.spec if isinstance(self.spec, str) and self.spec.startswith(("http://", "https://")) else None
+
+    def stop(self) -> None:
+        self.alive = False

@@ -18,20 +18,15 @@ from typing import Any, Protocol, runtime_checkable
 from . import distributed
 from .config import Config
 from .connect import ToolSession
-from .launch import HttpServer, company_server_command
+from .environment import environment
 from .rollout import RolloutConfig
-
-COMPANY = "company"  # Config.server value: our server, launched over HTTP on a local port
 
 
 @contextlib.asynccontextmanager
 async def open_server(cfg: Config):
-    """Yield a ServerSpec for rollouts; 'company' starts mcp_server.py over HTTP."""
-    if cfg.server == COMPANY:
-        with HttpServer(company_server_command(), token=cfg.server_token) as server:
-            yield server.spec
-    else:
-        yield cfg.server
+    """Yield the ServerSpec of the environment cfg.server names (started for the block when it must be)."""
+    with environment(cfg.server).serve(cfg.server_token) as spec:
+        yield spec
 
 
 def rollout_config(cfg: Config, **changes) -> RolloutConfig:
@@ -135,4 +130,4 @@ def build_trainer(cfg: Config, *, model: tuple[Any, Any] | None = None) -> Train
                            packed=t.packed)
 
 
-__all__ = ["COMPANY", "Trainer", "open_server", "rollout_config", "check_tools", "check_install", "build_trainer"]
+__all__ = ["Trainer", "open_server", "rollout_config", "check_tools", "check_install", "build_trainer"]

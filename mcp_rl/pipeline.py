@@ -20,11 +20,10 @@ import art
 from . import distributed
 from .audit import log_tool_calls
 from .config import Config
-from .counterfactual import for_server
+from .environment import Environment, environment
 from .evaluate import EvalResult, evaluate
 from .evidence import monitor
 from .parts import Trainer, rollout_config
-from .policy import DemonstrationPolicy
 from .reward_audit import audit_reward
 from .rewards import score_group
 from .rollout import failed_outside_policy, gather_rollouts
@@ -65,17 +64,23 @@ def load_splits(cfg: Config) -> tuple[list, list, list]:
     return train, val, test
 
 
-async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str) -> EvalResult:
-    """Verified success of `policy` on `scenarios` (greedy by default); a run saves the rows."""
+def _env(cfg: Config, env: Environment | None) -> Environment:
+    return env if env is not None else environment(cfg.server)
+
+
+async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str, env: Environment | None = None) -> EvalResult:
+    """Verified success of `policy` on `scenarios` (greedy by default); a run saves the rows. `env`
+    (default: the one cfg.server names) supplies the counterfactual worlds right answers are replayed on."""
     rcfg = rollout_config(cfg, temperature=cfg.train.eval_temperature)
     with log_tool_calls(phase=f"eval {label}"):  # rows go to the run's log when one is open
         result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward,
-                                  counterfactual=for_server(cfg.server))
+                                  counterfactual=_env(cfg, env).counterfactual())
     _log(result.line())
     return result
 
 
-async def audit_before_training(server, train, cfg: Config, run_dir: Path | None = None):
+async def audit_before_training(server, train, cfg: Config, run_dir: Path | None = None,
+                                env: Environment | None = None):
     """The reward audit (mcp_rl.reward_audit) on the training split before any model loads: its table
     goes to `<run>/reward_audit.md`; raises RewardGameable when a cheat succeeds on more than
     `cfg.reward.audit_max_success` of the scenarios (1.0 turns the audit off)."""
@@ -88,10 +93,11 @@ async def audit_before_training(server, train, cfg: Config, run_dir: Path | None
         _log("reward audit | no training task has a verified answer: the audit needs some (RULER and custom "
              "rewards are audited on them too)")
         return None
-    # Demonstrations replay each task's reference query (SQL tools); other servers are audited without them.
-    demos = DemonstrationPolicy(scenarios) if all(s.reference for s in scenarios) else None
+    # The environment's demonstrations (where every task has a reference to replay) give the honest row.
+    env = _env(cfg, env)
+    demos = env.demonstrations(scenarios) if all(s.reference for s in scenarios) else None
     report = await audit_reward(server, scenarios, cfg.reward, rollout_config(cfg), demonstrations=demos,
-                                counterfactual=for_server(cfg.server))
+                                counterfactual=env.counterfactual())
     if run_dir is not None and distributed.is_main():
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "reward_audit.md").write_text("# Reward audit\n\n" + report.table() + "\n")
@@ -100,11 +106,14 @@ async def audit_before_training(server, train, cfg: Config, run_dir: Path | None
     return report
 
 
-async def warm_start(trainer: Trainer, server, train, cfg: Config) -> dict:
-    """Supervised pass on demonstrations of the first `warm_start_scenarios` training scenarios,
-    each played through the real server (so tool outputs are real)."""
-    demos_for = train[: cfg.train.warm_start_scenarios]
-    demo_policy = DemonstrationPolicy(demos_for, tokenizer=trainer.policy.tokenizer)
+async def warm_start(trainer: Trainer, server, train, cfg: Config, env: Environment | None = None) -> dict:
+    """Supervised pass on the environment's demonstrations of the first `warm_start_scenarios` training
+    scenarios, each played through the real server (so tool outputs are real)."""
+    env, demos_for = _env(cfg, env), train[: cfg.train.warm_start_scenarios]
+    demo_policy = env.demonstrations(demos_for, tokenizer=trainer.policy.tokenizer)
+    if demo_policy is None:
+        raise ValueError(f"environment {env.name[:60]!r} has no demonstrations (Environment.plan): set "
+                         "train.warm_start_scenarios=0, or give the environment a plan")
     with log_tool_calls(phase="demonstrations"):  # each rank plays its share; every rank gets them all
         groups = distributed.unshard_groups(await gather_rollouts(demo_policy, server, distributed.shard(demos_for),
                                                            rollout_config(cfg), desc="demonstrations"), "demonstrations")
@@ -120,7 +129,7 @@ async def warm_start(trainer: Trainer, server, train, cfg: Config) -> dict:
                                  batch_size=t.warm_start_batch_size)
     rec = {"demonstrations": len(demos), **metrics}
     if t.warm_start_gate_scenarios:
-        rec.update(gate := await warm_start_gate(trainer, server, demos, train, cfg))
+        rec.update(gate := await warm_start_gate(trainer, server, demos, train, cfg, env))
         rec["epochs"] = float(t.warm_start_epochs + gate["gate_extra_epochs"])
     return rec
 
@@ -132,7 +141,7 @@ def gate_scenarios(train, cfg: Config) -> list:
     return rest[: cfg.train.warm_start_gate_scenarios]
 
 
-async def warm_start_gate(trainer, server, demos, train, cfg: Config) -> dict:
+async def warm_start_gate(trainer, server, demos, train, cfg: Config, env: Environment | None = None) -> dict:
     """Play the gate scenarios with the warm-start policy (eval settings); while its tool errors per
     episode or its completion rate miss the thresholds, one more warm-start epoch, at most
     `warm_start_max_extra_epochs`. Returns the gate's record (each check, passed or not)."""
@@ -140,7 +149,7 @@ async def warm_start_gate(trainer, server, demos, train, cfg: Config) -> dict:
     while True:
         # Rank 0 decides for every rank: ranks that took different numbers of epochs would deadlock.
         r = await distributed.on_main(lambda: evaluate_policy(trainer.policy, server, scenarios, cfg,
-                                                              f"warm_start_gate{len(checks)}"),
+                                                              f"warm_start_gate{len(checks)}", env),
                                       f"warm-start gate check {len(checks)}")
         passed = r.mean_tool_errors <= t.warm_start_max_tool_errors and r.completed_rate >= t.warm_start_min_completed
         checks.append({"epochs": t.warm_start_epochs + len(checks), "tool_errors": r.mean_tool_errors,
@@ -171,9 +180,9 @@ def _seed_sampling(seed: int, step: int) -> None:
     torch.manual_seed(seed * 1_000_003 + step)
 
 
-async def train_step(trainer: Trainer, server, batch, cfg: Config, step: int) -> dict:
+async def train_step(trainer: Trainer, server, batch, cfg: Config, step: int, env: Environment | None = None) -> dict:
     """One GRPO step: rollouts of `batch`, rewards, zero-variance groups skipped (and logged), update."""
-    t0 = time.monotonic()
+    t0, env = time.monotonic(), _env(cfg, env)
     _seed_sampling(cfg.train.seed, step)
     decode_before = dict(getattr(trainer.policy, "decode_stats", None) or {}) or None
     mine = distributed.shard(batch)  # this rank's groups (all of them in one process)
@@ -192,7 +201,7 @@ async def train_step(trainer: Trainer, server, batch, cfg: Config, step: int) ->
     mine_scored = []
     for group, scenario in zip(groups, mine):
         kept = art.TrajectoryGroup([t for t in group.trajectories if not failed_outside_policy(t)])
-        mine_scored.append(await score_group(kept, scenario, cfg.reward, counterfactual=for_server(cfg.server))
+        mine_scored.append(await score_group(kept, scenario, cfg.reward, counterfactual=env.counterfactual())
                            if len(kept.trajectories) > 1 else kept)
     scored, skipped, outside = [], [], 0
     for g, scenario in zip(distributed.unshard_groups(mine_scored, f"step {step + 1} rollouts"), batch):

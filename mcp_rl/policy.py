@@ -22,6 +22,8 @@ import re
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import openai
+
+from .demonstrations import format_answer, sql_plan, tables_in_sql  # noqa: F401 - public here too
 from openai.types.chat.chat_completion import Choice
 
 # The text format is hermes.py's; re-exported here, where it lived first.
@@ -219,60 +221,21 @@ def play(*turns: str | dict) -> Callable[[list[dict]], str | dict]:
     return script
 
 
-def format_answer(answer: Any) -> str:
-    """Scenario answers as text: lists joined by ", ", floats to 2 decimals unless integral.
-
-    >>> format_answer([1, 2.5, "x"]), format_answer(3.0), format_answer(2.34567)
-    ('1, 2.5, x', '3', '2.35')
-    """
-    if isinstance(answer, (list, tuple)):
-        return ", ".join(format_answer(a) for a in answer)
-    if isinstance(answer, float):
-        return str(int(answer)) if answer.is_integer() else f"{answer:.2f}".rstrip("0").rstrip(".")
-    return "" if answer is None else str(answer)
-
-
-# A FROM/JOIN followed by a table name (optionally quoted); CTE names are dropped below.
-_TABLE_REF = re.compile(r"\b(?:from|join)\s+[\"`\[]?([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
-_CTE_NAME = re.compile(r"(?:\bwith|,)\s*(?:recursive\s+)?([A-Za-z_][A-Za-z0-9_]*)\s+as\s*\(", re.IGNORECASE)
-
-
-def tables_in_sql(sql: str) -> list[str]:
-    """Tables a query reads, in order of first mention (CTE names excluded)."""
-    ctes = {m.lower() for m in _CTE_NAME.findall(sql)}
-    seen: list[str] = []
-    for t in _TABLE_REF.findall(sql):
-        if t.lower() not in ctes and t not in seen and t.lower() not in ("select", "lateral"):
-            seen.append(t)
-    return seen
-
-
 class DemonstrationPolicy(ScriptedPolicy):
-    """Emits verified demonstrations for known scenarios, one tool call per turn.
-
-    For the scenario whose `.task` is the first user message: `list_tables`,
-    `describe_table` for each table of its `.reference` SQL, `run_query(reference)`,
-    then `complete_task(answer=<.answer as text>)`. The next step is chosen from the
-    assistant turns so far, so tool errors (even a failing query) do not derail it.
+    """Emits verified demonstrations for known scenarios, one tool call per turn: `plan(scenario)`
+    (an environment's, e.g. `sql_plan`) for the scenario whose `.task` is the first user message. The
+    next step is chosen from the assistant turns so far, so tool errors (even a failing query) do not
+    derail it.
     """
 
     name = "demonstration"
-    # Tool and argument names of mcp_server.py; override for another server.
-    tools = {"list": "list_tables", "describe": "describe_table", "query": "run_query", "complete": "complete_task"}
-    table_arg, sql_arg = "table_name", "sql"
 
-    def __init__(self, scenarios: Sequence[Any], tokenizer: Any = None):
+    def __init__(self, scenarios: Sequence[Any], plan: Callable[[Any], list[dict]], tokenizer: Any = None):
+        if not callable(plan):
+            raise ValueError("DemonstrationPolicy needs a plan: fn(scenario) -> tool-call steps (e.g. policy.sql_plan)")
         self.by_task = {s.task.strip(): s for s in scenarios}
+        self.plan = plan
         super().__init__(self._next, tokenizer)
-
-    def plan(self, scenario: Any) -> list[dict]:
-        t = self.tools
-        steps: list[dict] = [{"tool": t["list"], "arguments": {}}]
-        if scenario.reference:
-            steps += [{"tool": t["describe"], "arguments": {self.table_arg: name}} for name in tables_in_sql(scenario.reference)]
-            steps.append({"tool": t["query"], "arguments": {self.sql_arg: scenario.reference}})
-        steps.append({"tool": t["complete"], "arguments": {"answer": format_answer(scenario.answer)}})
-        return steps
 
     def _next(self, messages: list[dict]) -> dict:
         task = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")

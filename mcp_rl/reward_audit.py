@@ -1,6 +1,6 @@
 """Reward audit: cheating policies played through the real rollout loop, scored by the run's real reward.
 
-    report = await audit_reward(server, scenarios, reward_cfg, rollout_cfg, demonstrations=DemonstrationPolicy(train))
+    report = await audit_reward(server, scenarios, reward_cfg, rollout_cfg, demonstrations=env.demonstrations(train))
     print(report.table())          # each cheat's success and mean reward beside the demonstrations'
     report.check()                 # raises RewardGameable naming the cheat that earns too much
 
@@ -33,11 +33,11 @@ from typing import Any, Callable, Sequence
 import art
 
 from .connect import ToolSession
-from .counterfactual import for_server
+from .environment import environment
 from .evidence import lookups, values_of
 from .guard import ToolPolicy
 from .hermes import choice_from_text, tool_call_text
-from .policy import format_answer, tables_in_sql
+from .demonstrations import format_answer, tables_in_sql
 from .rewards import RewardConfig, score_group
 from .rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts
 
@@ -246,15 +246,15 @@ async def audit_reward(server, scenarios: Sequence[Any], reward_cfg: RewardConfi
                        threshold: float | None = None, counterfactual: Any = "auto") -> AuditReport:
     """Play the cheat battery (and `demonstrations`, a policy with `.plan(scenario)` such as
     DemonstrationPolicy, if given) on `scenarios` and score each scenario's episodes as one group.
-    `counterfactual`: the worlds score_group replays lookups on ("auto": the company server's, when
-    `server` is it, mcp_rl.counterfactual.for_server; None: none)."""
+    `counterfactual`: the worlds score_group replays lookups on ("auto": those of the environment
+    `server` names or serves, mcp_rl.environment; None: none)."""
     reward_cfg = reward_cfg or RewardConfig()
     threshold = reward_cfg.audit_max_success if threshold is None else threshold
     scenarios = list(scenarios)
     if not scenarios:
         raise ValueError("audit_reward needs scenarios (a task file with a train or test split)")
     rcfg = RolloutConfig(**{**vars(rollout_cfg or RolloutConfig()), "temperature": 0.0})
-    worlds = for_server(server) if counterfactual == "auto" else counterfactual  # built once for the battery
+    worlds = environment(server).counterfactual() if counterfactual == "auto" else counterfactual  # built once for the battery
     async with (worlds if hasattr(worlds, "__aenter__") else contextlib.nullcontext(worlds)):
         if isinstance(server, ToolSession):
             return await _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)

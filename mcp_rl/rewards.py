@@ -97,7 +97,7 @@ class RewardConfig:
                                        "the expected value (the grounding rule, mcp_rl.evidence): a right guess earns "
                                        "nothing; False pays answer correctness alone")
     counterfactual: bool = _f(True, "where the caller passes counterfactual worlds (score_group's `counterfactual`, "
-                                    "e.g. mcp_rl.counterfactual.for_server(server): the company server has them), a "
+                                    "e.g. Environment.counterfactual(): the shipped SQLite environment has them), a "
                                     "lookup grounds a value only if replaying it on perturbed copies of the data moves "
                                     "the value (encoded echoes such as CAST(x'3432' AS INTEGER) do not); other "
                                     "servers are scored as without it; False turns the replay off")
@@ -166,13 +166,13 @@ class RewardConfig:
         if self.custom is not None and (callable(self.custom) or not isinstance(self.custom, (list, tuple))):
             raise ValueError("custom must be a list of (name, fn, weight) tuples, e.g. "
                              "custom=[('my_reward', my_fn, 1.0)]; got " + type(self.custom).__name__)
-        self.custom = [_check_custom(item, i) for i, item in enumerate(self.custom or [])]
+        self.custom = [check_custom(item, i) for i, item in enumerate(self.custom or [])]
         names = [name for name, _, _ in self.custom]
         if len(set(names)) != len(names):
             raise ValueError(f"custom reward names must be unique, got {names}")
 
 
-def _check_custom(item: Any, i: int) -> tuple[str, Any, float]:
+def check_custom(item: Any, i: int) -> tuple[str, Any, float]:
     if not isinstance(item, (tuple, list)) or len(item) != 3:
         raise ValueError(f"custom[{i}] must be a (name, fn, weight) tuple, got {item!r}")
     name, fn, weight = item

@@ -64,8 +64,8 @@ def _seed_torch(seed: int) -> None:
 class RunFolder:
     """A run folder: its config, its `RunState`, its trainer (see the module docstring)."""
 
-    def __init__(self, cfg: Config, callbacks=()):
-        self.cfg, self.dir = cfg, Path(cfg.out)
+    def __init__(self, cfg: Config, callbacks=(), env=None):
+        self.cfg, self.dir, self.env = cfg, Path(cfg.out), env
         self.state = RunState.read(self.dir)
         self.results: dict[str, EvalResult] = {}
         self.callbacks: list[TrainerCallback] = [c for c in (Deadline.from_config(cfg.train),) if c] + list(callbacks)

@@ -1,6 +1,7 @@
 """A run: the one owner of a run folder and its committed state, shared by the CLI and the notebooks.
 
     run = open_run(cfg)                     # a new run, or the recorded one in cfg.out (says which)
+    run = open_run(cfg, env=env)            # the same on an Environment of your own (mcp_rl.environment)
     trainer = await run.trainer()           # model + LoRA at the recorded step (reused in this process)
     base = await run.evaluate("base", server, test)     # step 0 only; a re-run loads the saved result
     await run.warm_start(server, train)                  # once per run
@@ -33,6 +34,7 @@ from . import distributed, parts, pipeline
 from .audit import log_tool_calls
 from .callbacks import HeldOutCurve
 from .config import Config, redacted
+from .environment import Environment, environment
 from .evaluate import EvalResult, load_eval, save_eval, write_json_atomic, write_report
 from .evidence import flags
 from .run_folder import RunFolder
@@ -49,7 +51,7 @@ class Run(RunFolder):
 
         async def evaluate() -> EvalResult:
             with log_tool_calls(self._tool_log):
-                result = await pipeline.evaluate_policy(trainer.policy, server, scenarios, self.cfg, label)
+                result = await pipeline.evaluate_policy(trainer.policy, server, scenarios, self.cfg, label, self.env)
             save_eval(self.dir, result)
             return result
 
@@ -94,7 +96,7 @@ class Run(RunFolder):
         self._at(None)  # until the commit below: stopped midway, this trainer is no base model
         if self.cfg.train.warm_start_scenarios:
             with log_tool_calls(self._tool_log):
-                rec = {"step": 0, "phase": "warm_start", **await pipeline.warm_start(trainer, server, train, self.cfg)}
+                rec = {"step": 0, "phase": "warm_start", **await pipeline.warm_start(trainer, server, train, self.cfg, self.env)}
             self.state.history.append(rec)
         else:
             print("warm start: none for this config (train.warm_start_scenarios = 0)")
@@ -141,7 +143,7 @@ class Run(RunFolder):
     async def _step(self, trainer, server, train) -> None:
         cfg, step = self.cfg, self.step
         batch = pipeline.step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
-        rec = await pipeline.train_step(trainer, server, batch, cfg, step)
+        rec = await pipeline.train_step(trainer, server, batch, cfg, step, self.env)
         rec["hack_flags"] = flags(rec, [h for h in self.state.history if "reward_mean" in h])
         rec.update(distributed.check_same(trainer, f"after step {step + 1}"))  # raises where ranks differ
         self.state.step = step + 1
@@ -176,9 +178,13 @@ class Run(RunFolder):
         return write_report(self.dir, results, self.state.history, title=title or f"mcp-rl run: {self.cfg.model}")
 
 
-def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True, callbacks=()) -> Run:
+def open_run(cfg: Config, *, env: Environment | None = None, fresh: bool = False, resume: bool = True,
+             callbacks=()) -> Run:
     """The run in `cfg.out`: new if the folder is empty, else the recorded one (resume=True) or,
-    with fresh=True, a new sibling folder `<out>-<time>` (cfg.out is updated to it)."""
+    with fresh=True, a new sibling folder `<out>-<time>` (cfg.out is updated to it). `env`: what it
+    trains on (default: the environment cfg.server names); its settings go into the run's config."""
+    env = env if env is not None else environment(cfg.server)
+    cfg = env.configure(cfg)
     distributed.init()  # under torchrun (WORLD_SIZE > 1): join the process group; else nothing
     out = Path(cfg.out)
     holds_run = distributed.broadcast_object(out.exists() and any(out.iterdir()), "run folder")  # rank 0's view
@@ -192,7 +198,7 @@ def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True, callbacks
         check_record(out)
     if distributed.is_main():
         out.mkdir(parents=True, exist_ok=True)
-    run = Run(cfg, callbacks)
+    run = Run(cfg, callbacks, env)
     run.state = distributed.broadcast_object(run.state, "run state")  # rank 0's record, on every rank
     if holds_run and run.state.phase != "new":
         recorded, now = read_record(out / "config.json"), redacted(cfg)
@@ -211,17 +217,18 @@ def open_run(cfg: Config, *, fresh: bool = False, resume: bool = True, callbacks
     return run
 
 
-async def run(cfg: Config, *, resume: bool = False, trainer=None, callbacks=()) -> dict:
+async def run(cfg: Config, *, env: Environment | None = None, resume: bool = False, trainer=None, callbacks=()) -> dict:
     """The whole pipeline; returns {"base": EvalResult, ["warm_start": ...,] "trained": ..., "report": path,
     "trainer": ...}, or, where a callback paused the run before its final evaluation, {"paused": reason, ...}."""
-    r = open_run(cfg, resume=resume, callbacks=callbacks)
+    r = open_run(cfg, env=env, resume=resume, callbacks=callbacks)
+    cfg, env = r.cfg, r.env
     train, val, test = pipeline.load_splits(cfg)
     print(f"model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, {len(test)} test scenarios",
           flush=True)
-    async with parts.open_server(cfg) as server:
+    with env.serve(cfg.server_token) as server:
         await parts.check_tools(server, cfg)  # a refused server stops the run before the model loads
         if r.state.phase == "new":  # a gameable reward too (reward_audit.md); a resumed run was audited
-            await pipeline.audit_before_training(server, train, cfg, r.dir)
+            await pipeline.audit_before_training(server, train, cfg, r.dir, env)
         trainer = await r.trainer(trainer)
         await r.evaluate("base", server, test)
         if r.state.phase == "base_done":

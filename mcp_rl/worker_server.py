@@ -216,7 +216,7 @@ def cmd_rollout_worker(a: Any) -> int:
 
     from . import flags
     from .config import Config
-    from .launch import server_spec
+    from .environment import environment
     from .serve import HOST
 
     if not 0 < a.port < 65536:
@@ -227,7 +227,7 @@ def cmd_rollout_worker(a: Any) -> int:
     tools = cfg.tool_policy()
     _sigterm_unwinds()
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(server_spec(cfg.server, cfg.server_token))  # 'company': for the worker's life
+        server = stack.enter_context(environment(cfg.server).serve(cfg.server_token))  # started for the worker's life
         app = worker_app(server, token=a.token, insecure_no_token=a.insecure_no_token, tools=tools,
                          allow_remote_policy=a.allow_remote_policy, audit=a.audit)
         if not a.token:

@@ -9,8 +9,8 @@ with no lead, tied salaries (the two best-paid employees earn the same), a
 duplicated employee name, NULL end dates of unfinished projects, NULL
 ``manager_id`` of department heads, NULL bonuses and a few missing emails.
 
-Run:  python data/build_db.py [--out data/company.db]
-Use:  from build_db import build_db; build_db("x.db")
+Run:  python -m mcp_rl.environments.company.build_db [--out data/company.db]
+Use:  from mcp_rl.environments.company.build_db import build_db; build_db("x.db")
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-DEFAULT_PATH = Path(__file__).resolve().parent / "company.db"
+DEFAULT_PATH = Path(__file__).resolve().parents[3] / "data" / "company.db"  # the repository's data/
 SEED = 20240630
 TODAY = dt.date(2024, 6, 30)  # the data's "now"; fixed so builds never depend on the clock
 

@@ -1,0 +1,120 @@
+"""An Environment: what an agent is trained on, in one object (verifiers' Environment): the MCP server
+and how to start it, its tasks, their reward, optional demonstrations and counterfactual worlds.
+
+    env = environment("company")                  # a shipped one (mcp_rl/environments/), by name
+    env = environment("uvx mcp-server-time@2026.10.19")   # any server spec: a stdio command, URL, FastMCP object
+    env = Environment("time", server={"command": "uvx mcp-server-time@2026.10.19"}, rewards=[("t", fn, 0.5)])
+    run = open_run(cfg, env=env)                  # the run, its evaluation and training use it
+    with env.serve(token) as spec: ...            # the server while a block runs (started when it has to be)
+
+The library itself names no server: `environment(spec)` asks each environment shipped under
+mcp_rl/environments/ whether it recognises the spec (its name, its script's command line, its FastMCP
+object), and otherwise wraps the spec as it is, with no demonstrations and no counterfactual worlds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclass
+class Environment:
+    """A server, its tasks and their reward. Only `name` is required; what is left None is taken from
+    the run's Config (`configure`) or is absent (no demonstrations: no warm start)."""
+
+    name: str
+    server: Any = None  # a ServerSpec: a .py file or shell command (stdio), an http(s) URL, a dict, a FastMCP object
+    command: list[str] | None = None  # or: argv serving it over streamable HTTP on a free local port (started per use)
+    scenarios: str | Path | None = None  # the tasks, a JSONL file with train/val/test splits
+    system_prompt: str | None = None  # None: RolloutConfig's
+    server_tools: list[str] | None = None  # the only tools offered (None: the Config's setting)
+    rewards: list = field(default_factory=list)  # (name, fn(trajectory, scenario) -> float, weight), as RewardConfig.custom
+    plan: Callable[[Any], list[dict]] | None = None  # a task's demonstration: its tool calls, then complete_task
+    worlds: Callable[[], Any] | None = None  # counterfactual worlds (mcp_rl.counterfactual) for replaying lookups
+    templates: Callable[..., Any] | None = None  # async (session, sql_tool) -> grounded question templates
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"an Environment needs a name (a short label for reports), got {self.name!r}")
+        if self.server is None and not self.command:
+            raise ValueError(f"environment {self.name!r} needs a server (a spec) or a command that serves it over HTTP")
+        from .rewards import check_custom
+
+        self.rewards = [check_custom(item, i) for i, item in enumerate(self.rewards or [])]
+
+    @contextlib.contextmanager
+    def serve(self, token: str | None = None):
+        """The ServerSpec rollouts use while the block runs: `command` started over HTTP on a free port
+        (stopped after the block), an http(s) URL with a bearer `token` as {"url", "token"}, anything
+        else as it is.
+
+        >>> with Environment("x", server="http://127.0.0.1:9/mcp").serve("t") as spec: spec
+        {'url': 'http://127.0.0.1:9/mcp', 'token': 't'}
+        """
+        if self.command:
+            from .launch import HttpServer
+
+            with HttpServer(self.command, token=token) as started:
+                yield started.spec
+        elif token and isinstance(self.server, str) and self.server.startswith(("http://", "https://")):
+            yield {"url": self.server, "token": token}
+        else:
+            yield self.server
+
+    def start(self, token: str | None = None):
+        """For notebooks: the server started now and kept up across cells (`.spec`, `.alive`, `.stop()`)."""
+        from .launch import HttpServer, Running
+
+        return HttpServer(self.command, token=token).start() if self.command else Running(self.server)
+
+    def configure(self, cfg):
+        """`cfg` with this environment's settings: its server label, tasks, prompt, tools and rewards
+        (added to the Config's own custom rewards, replacing any of the same name)."""
+        values: dict[str, Any] = {"server": self.server if isinstance(self.server, str) and not self.command else self.name}
+        if self.scenarios is not None:
+            values["scenarios"] = str(self.scenarios)
+        if self.server_tools is not None:
+            values["server_tools"] = list(self.server_tools)
+        cfg = dataclasses.replace(cfg, **values)  # Config.__post_init__ checks them and remakes the tool policy
+        if self.system_prompt is not None:
+            cfg.rollout = dataclasses.replace(cfg.rollout, system_prompt=self.system_prompt)
+        if self.rewards:
+            mine = {name for name, _, _ in self.rewards}
+            custom = [c for c in cfg.reward.custom if c[0] not in mine] + list(self.rewards)
+            cfg.reward = dataclasses.replace(cfg.reward, custom=custom)
+        return cfg
+
+    def demonstrations(self, scenarios, tokenizer: Any = None):
+        """A policy that plays `plan` for each of `scenarios` (mcp_rl.policy.DemonstrationPolicy), or None
+        when this environment has no plan or a scenario has nothing to demonstrate."""
+        if self.plan is None:
+            return None
+        from .policy import DemonstrationPolicy
+
+        return DemonstrationPolicy(scenarios, self.plan, tokenizer=tokenizer)
+
+    def counterfactual(self):
+        """Fresh counterfactual worlds for replaying a right answer's lookups, or None (not replayed)."""
+        return self.worlds() if self.worlds is not None else None
+
+
+def environment(spec: Any) -> Environment:
+    """The Environment for a `--server` / `Config.server` value: an Environment as it is; one that an
+    environment shipped under mcp_rl/environments/ recognises (by name or by its server's spec); else
+    the spec wrapped as it is (a stdio command, a URL, a dict, a FastMCP object)."""
+    if isinstance(spec, Environment):
+        return spec
+    from .environments import recognise
+
+    found = recognise(spec)
+    if found is not None:
+        return found
+    label = spec if isinstance(spec, str) else getattr(spec, "name", None) or type(spec).__name__
+    return Environment(str(label)[:80] or "server", server=spec)
+
+
+__all__ = ["Environment", "environment"]
