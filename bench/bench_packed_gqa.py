@@ -54,7 +54,7 @@ def attention(mode: str):
 
 
 def padded(n: int, tokenizer, prompt_tokens: int) -> list[list[dict]]:
-    schema = (ROOT / "data" / "build_db.py").read_text()
+    schema = (ROOT / "mcp_rl" / "environments" / "company" / "build_db.py").read_text()
     out = []
     for messages in requests(n):
         text = messages[0]["content"]

@@ -56,9 +56,7 @@ async def tool_results(scenarios, turns: int) -> tuple[list[dict], list[list[str
     from mcp_rl.connect import ToolSession
     from mcp_server import build_server
 
-    spec = importlib.util.spec_from_file_location("build_db", ROOT / "data" / "build_db.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from mcp_rl.environments.company import build_db as module
     db = module.build_db(Path(tempfile.mkdtemp()) / "company.db")
     calls = [("list_tables", {}), ("describe_table", {"table_name": "employees"}), None,
              ("run_query", {"sql": "SELECT * FROM departments"}), ("describe_table", {"table_name": "departments"}),

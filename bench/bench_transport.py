@@ -1,6 +1,6 @@
 """Benchmark 1: tool-call overhead per MCP transport, one session per rollout vs. a new session per call.
 
-What it measures, on the real company server (mcp_server.py over a fresh build of data/build_db.py):
+What it measures, on the real company server (mcp_server.py over a fresh build of its build_db.py):
   - long-lived: one `mcp_rl.connect.ToolSession` held open for all calls (what our rollout does);
     its connect (handshake), tool listing and close are timed separately from the calls.
   - per-call session: a new `fastmcp.Client` opened and closed around every call (the pattern of
@@ -38,7 +38,8 @@ if str(ROOT) not in sys.path:  # mcp_server.py is a top-level script, not a pack
     sys.path.insert(0, str(ROOT))
 
 from mcp_rl.connect import ToolSession, make_client  # noqa: E402
-from mcp_rl.launch import company_server_command, serve_http  # noqa: E402
+from mcp_rl.environments.company import command as company_server_command
+from mcp_rl.launch import serve_http  # noqa: E402
 
 TRANSPORTS = ("inprocess", "stdio", "http")
 now = time.perf_counter
@@ -64,9 +65,7 @@ class Timing:
 
 def _build_db(directory: str) -> Path:
     # data/ is a folder of scripts, not a package: load the builder by path (as mcp_server.py does).
-    spec = importlib.util.spec_from_file_location("company_build_db", ROOT / "data" / "build_db.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from mcp_rl.environments.company import build_db as module
     return module.build_db(Path(directory) / "company.db")
 
 

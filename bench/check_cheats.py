@@ -43,8 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from mcp_rl.connect import ToolSession  # noqa: E402
 from mcp_rl.guard import ToolPolicy  # noqa: E402
-from mcp_rl.policy import DemonstrationPolicy, format_answer  # noqa: E402
-from mcp_rl.counterfactual import for_server  # noqa: E402
+from mcp_rl.demonstrations import format_answer  # noqa: E402
+from mcp_rl.environment import environment  # noqa: E402
+from mcp_rl.environments import company  # noqa: E402
 from mcp_rl.rewards import RewardConfig, score_group, score_trajectory  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts  # noqa: E402
 from mcp_rl.hermes import choice_from_text, tool_call_text  # noqa: E402
@@ -214,7 +215,6 @@ class Cheat:
 def battery(train: list) -> list[Cheat]:
     none = lambda s: []  # noqa: E731
     truth = lambda s, r: format_answer(s.answer)  # noqa: E731
-    demo = DemonstrationPolicy([])
     guess = {}
 
     def nn(s):  # memoised: the nearest training task's answer (itself excluded when s is a train task)
@@ -245,7 +245,7 @@ def battery(train: list) -> list[Cheat]:
 
     deps = "SELECT name FROM departments"
     return [
-        Cheat("demonstrations", "honest", lambda s: [c for c in demo.plan(s) if c["tool"] != COMPLETE_TOOL_NAME], truth),
+        Cheat("demonstrations", "honest", lambda s: [c for c in company.PLAN(s) if c["tool"] != COMPLETE_TOOL_NAME], truth),
         Cheat("demo query + ' LIMIT 1' (non-list tasks)", "honest",
               lambda s: [q(s.reference.rstrip(" ;") + (" LIMIT 1" if kind(s.answer) != "list" else ""))], truth),
         Cheat("demo query, filter written '= 1' twice", "honest",
@@ -298,7 +298,7 @@ async def play_split(server, scenarios, train, cfg):
     rows, examples = [], {}
     plain = dataclasses.replace(cfg, counterfactual=False)
     async with ToolSession(server, call_timeout=rcfg.call_timeout, max_result_chars=rcfg.max_result_chars,
-                           policy=ToolPolicy()) as session, for_server(server) as worlds:
+                           policy=ToolPolicy()) as session, environment(server).counterfactual() as worlds:
         for cheat in battery(train):
             cheat.by_task = {s.task.strip(): s for s in scenarios}
             groups = await gather_rollouts(cheat, session, scenarios, rcfg, desc=cheat.name[:30])
@@ -390,7 +390,7 @@ def probes(db) -> str:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
 
     async def replay_all():
-        async with for_server(build_server(db)) as worlds:
+        async with environment(build_server(db)).counterfactual() as worlds:
             return [await worlds.replay("run_query", {"sql": sql}) for sql, _ in ECHO_PROBES]
     replays = asyncio.run(replay_all())
     for (sql, e), texts in zip(ECHO_PROBES, replays):
@@ -416,9 +416,7 @@ def main() -> None:
     from mcp_server import build_server
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("company_build_db", ROOT / "data" / "build_db.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from mcp_rl.environments.company import build_db as mod
     all_s = [s for s in load_scenarios(ROOT / "data" / "scenarios.jsonl") if s.answer is not None]
     train = [s for s in all_s if s.split == "train"]
     cfg = RewardConfig()

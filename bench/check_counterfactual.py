@@ -5,7 +5,7 @@
 Each scenario's demonstration (list_tables, describe_table, its reference query, complete_task) is
 played through `mcp_rl.rollout.gather_rollouts` against the company server in process, then scored by
 `rewards.score_group` with and without the company server's counterfactual worlds
-(`mcp_rl.counterfactual.for_server`). Prints the grounded share both ways, every scenario the replay
+(`mcp_rl.environments.company.worlds`). Prints the grounded share both ways, every scenario the replay
 refuses (with its reference query and what each world showed), and the scoring time per trajectory.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mcp_rl.counterfactual import for_server  # noqa: E402
+from mcp_rl.environments import company  # noqa: E402
 from mcp_rl.connect import ToolSession  # noqa: E402
 from mcp_rl.guard import ToolPolicy  # noqa: E402
 from mcp_rl.policy import DemonstrationPolicy  # noqa: E402
@@ -34,14 +34,14 @@ from mcp_rl.scenarios import load_scenarios  # noqa: E402
 async def measure(server, scenarios, k: int = 4, seed: int = 0) -> str:
     rcfg = RolloutConfig(temperature=0.0)
     async with ToolSession(server, call_timeout=30, max_result_chars=rcfg.max_result_chars, policy=ToolPolicy()) as s:
-        groups = await gather_rollouts(DemonstrationPolicy(scenarios), s, scenarios, rcfg, desc="demonstrations")
+        groups = await gather_rollouts(DemonstrationPolicy(scenarios, company.PLAN), s, scenarios, rcfg, desc="demonstrations")
     cfg = RewardConfig()
     plain, cf, refused, secs = 0, 0, [], []
     for scenario, group in zip(scenarios, groups):
         await score_group(group, scenario, RewardConfig(counterfactual=False))
         plain += group.trajectories[0].metrics.get("grounded", 0) >= 0.999
         t0 = time.perf_counter()
-        await score_group(group, scenario, cfg, counterfactual=for_server(server, k=k, seed=seed))
+        await score_group(group, scenario, cfg, counterfactual=company.worlds(server.company_db, k=k, seed=seed))
         secs.append(time.perf_counter() - t0)
         t = group.trajectories[0]
         cf += t.metrics.get("grounded", 0) >= 0.999
@@ -50,7 +50,7 @@ async def measure(server, scenarios, k: int = 4, seed: int = 0) -> str:
                            f"{t.metadata.get('counterfactual', '')[:200]}")
     build, replay = [], []  # the cost split: building K worlds (once per group) and one replay on all of them
     for _ in range(10):
-        worlds = for_server(server, k=k, seed=seed)
+        worlds = company.worlds(server.company_db, k=k, seed=seed)
         async with worlds:
             t0 = time.perf_counter()
             await worlds.replay("run_query", {"sql": "SELECT 1"})
@@ -77,9 +77,7 @@ def main() -> None:
 
     from mcp_server import build_server
 
-    spec = importlib.util.spec_from_file_location("company_build_db", ROOT / "data" / "build_db.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from mcp_rl.environments.company import build_db as mod
     scenarios = [s for s in load_scenarios(ROOT / "data" / "scenarios.jsonl") if s.answer is not None]
     k, seed = (int(sys.argv[i]) if len(sys.argv) > i else d for i, d in ((1, 4), (2, 0)))
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 
 import mcp_rl.specs as specs
 from mcp_rl.connect import ToolSession
-from mcp_rl.launch import HttpServer, company_server_command
+from mcp_rl.environments.company import command as company_server_command
+from mcp_rl.launch import HttpServer
 
 
 async def sessions(url: str, n: int, calls: int, gap: float) -> collections.Counter:

@@ -73,7 +73,7 @@ def cmd_tools(a) -> int:
 
 
 def cmd_scenarios(a) -> int:
-    from .scenarios import generate_to_file
+    from .generate import generate_to_file
 
     cfg = flags.config(a, Config(), trains=False)
     kw = {}

@@ -139,8 +139,8 @@ train_settings = {k: v for k, v in {
     "eval_every": 0 if PRESET in HOUR else None}.items() if v is not None}  # an hour has no room for val checks
 rollout_settings = {k: v for k, v in {"max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS}.items() if v is not None}
 judge = {"judge_model": JUDGE_MODEL if JUDGE_ON else None, "judge_base_url": JUDGE_BASE_URL, "judge_api_key": JUDGE_KEY}
-cfg = apply_overrides(preset(PRESET, out=OUT, train=train_settings, rollout=rollout_settings, reward=judge,
-                             **({"model": MODEL} if MODEL else {})), OVERRIDES)
+cfg = apply_overrides(preset(PRESET, server="company", out=OUT, train=train_settings, rollout=rollout_settings,
+                             reward=judge, **({"model": MODEL} if MODEL else {})), OVERRIDES)
 if cfg.train.loader == "unsloth":  # Unsloth patches transformers when imported: before ART imports it
     from mcp_rl import import_unsloth
 
@@ -165,10 +165,10 @@ print(f"{cfg.model} | {cfg.train.backend} trainer | {cfg.train.steps} steps of {
 # %%
 import atexit
 
-from mcp_rl import HttpServer, company_server_command, tools_json
+from mcp_rl import tools_json
 
 if "server" not in globals() or not server.alive:
-    server = HttpServer(company_server_command()).start()
+    server = run.env.start()  # the company environment's server (mcp_rl/environments/company)
     atexit.register(server.stop)  # also stopped when the kernel exits
 print("MCP server:", server.url)
 print("system prompt:", cfg.rollout.system_prompt, "\n")

@@ -118,6 +118,11 @@ print("run folder:", OUT)
 # %% [markdown]
 # ## 1. Connect to the server and look at its tools
 #
+# What you train on is one `Environment` (mcp_rl/environment.py): the server, its tasks, their
+# reward and, where you have them, demonstrations. This notebook builds one for your server in
+# three cells: the server here, the tasks in step 2, your reward in step 3. The tutorial's company
+# database is one too (mcp_rl/environments/company: server, question templates, SQL demonstrations).
+#
 # A stdio command is started once per rollout (each rollout holds one session); an HTTP URL is
 # connected to. The table shows each tool's class, read from its MCP annotations: **read-only**
 # (`readOnlyHint`, not `destructiveHint`) or **with side effects** (anything else, unannotated tools
@@ -230,10 +235,10 @@ for s in train[:2] + test[:2]:
 # A reward function takes the finished trajectory and its scenario and returns a number.
 # `traj.metadata["answer"]` is the final answer, `traj.messages()` the conversation (tool results
 # have `role == "tool"`), `traj.metrics` the counts (`tool_calls`, `tool_errors`, `completed`...).
-# It joins the built-in components in `RewardConfig.custom` as `(name, fn, weight)`, named after
-# the function: the reward is the weighted sum, a weight of 0 only logs it (`reward/<name>` in the
-# metrics), and an exception in your function scores 0 with the error in `traj.logs`; it never
-# stops training.
+# It goes into the environment as `(name, fn, weight)`, named after the function, next to the
+# built-in components: the reward is the weighted sum, a weight of 0 only logs it (`reward/<name>`
+# in the metrics), and an exception in your function scores 0 with the error in `traj.logs`; it
+# never stops training.
 #
 # For the time server: reward an answer that names a time (HH:MM) which a tool actually returned,
 # so the model learns to read times from the tools instead of inventing them. This also scores
@@ -253,7 +258,8 @@ def time_from_tool(traj, scenario) -> float:
     return float(any(t in tool_text for t in times))
 
 
-MY_REWARD = (time_from_tool.__name__, time_from_tool, CUSTOM_WEIGHT)
+from mcp_rl import Environment
+env = Environment(SERVER, server=spec, rewards=[(time_from_tool.__name__, time_from_tool, CUSTOM_WEIGHT)])
 
 # %%
 from mcp_rl import open_run, preset
@@ -263,13 +269,13 @@ sizes = {"steps": STEPS or (10 if gpu_sizes else None), "groups_per_step": GROUP
          "group_size": GROUP_SIZE or (6 if gpu_sizes else None)}
 judge = {"judge_model": JUDGE_MODEL if JUDGE_ON else None, "judge_base_url": JUDGE_BASE_URL,
          "judge_api_key": JUDGE_KEY}
-cfg = preset(PRESET, **({"model": MODEL} if MODEL else {}), server=str(SERVER), tool_prefix=TOOL_PREFIX, out=OUT,
+cfg = preset(PRESET, **({"model": MODEL} if MODEL else {}), tool_prefix=TOOL_PREFIX, out=OUT,
              server_tools=SERVER_TOOLS, allow_side_effects=ALLOW_SIDE_EFFECTS,
              rollout={"max_tokens": MAX_TOKENS, "max_turns": MAX_TURNS},
-             reward={**judge, "custom": [MY_REWARD]},
+             reward=judge,
              train={**{k: v for k, v in sizes.items() if v is not None}, "warm_start_scenarios": 0, "seed": SEED,
                     "eval_every_split": "test"})  # this notebook's tasks have no val split: the curve uses test
-run = open_run(cfg, fresh=FRESH_RUN)
+run = open_run(cfg, env=env, fresh=FRESH_RUN)  # the run's config gets the environment's server and reward
 cfg, run_dir = run.cfg, run.dir
 print(f"{cfg.model} | {cfg.train.backend} trainer | tool_prefix {cfg.tool_prefix} | judge {cfg.reward.judge_model}")
 
@@ -285,13 +291,14 @@ print(f"{cfg.model} | {cfg.train.backend} trainer | tool_prefix {cfg.tool_prefix
 # %%
 from mcp_rl import audit_before_training
 
-audit = await audit_before_training(spec, train, cfg, run_dir)
+audit = await audit_before_training(spec, train, cfg, run_dir, env)
 
 # %% [markdown]
 # ## 4. Load the model and read one rollout
 #
-# The warm start of the tutorial replays SQL demonstrations, which this server has no use for:
-# on a CPU, `TOOL_PREFIX = True` gives the tiny model its first tool calls instead.
+# The tutorial's warm start replays its environment's demonstrations; this environment has none (an
+# `Environment(plan=...)` gives them: fn(task) -> its tool calls). On a CPU, `TOOL_PREFIX = True`
+# gives the tiny model its first tool calls instead.
 
 # %%
 from mcp_rl import rollout, score_trajectory, transcript
@@ -300,7 +307,7 @@ trainer = await run.trainer()
 traj = await rollout(trainer.policy, spec, test[0], cfg.rollout)
 score_trajectory(traj, test[0], cfg.reward)
 print(transcript(traj))
-print(f"your reward ({MY_REWARD[0]}):", traj.metrics[f"reward/{MY_REWARD[0]}"], "| expected:", test[0].answer)
+print("your reward (time_from_tool):", traj.metrics["reward/time_from_tool"], "| expected:", test[0].answer)
 
 # %% [markdown]
 # ## 5. Evaluate, train, evaluate again

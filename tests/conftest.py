@@ -87,10 +87,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def company_db(tmp_path_factory) -> Path:
-    """Path to a company database built by data/build_db.py. Shared: copy it before anything that may write."""
-    spec = importlib.util.spec_from_file_location("company_build_db", ROOT / "data" / "build_db.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """Path to a company database built by the company environment's build_db.py. Shared: copy it before anything that may write."""
+    from mcp_rl.environments.company import build_db as module
     return module.build_db(tmp_path_factory.mktemp("company") / "company.db")
 
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from mcp_rl.environments.company import PLAN
 from mcp_rl.callbacks import Deadline, TrainerCallback
 from mcp_rl.config import apply_overrides, preset
 from mcp_rl.run_folder import _LOADED
@@ -72,7 +73,7 @@ class Demonstrator:
     def __init__(self, scenarios):
         from mcp_rl.policy import DemonstrationPolicy
 
-        self.policy = DemonstrationPolicy(scenarios)
+        self.policy = DemonstrationPolicy(scenarios, PLAN)
 
     async def start(self):
         pass

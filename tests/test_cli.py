@@ -113,7 +113,7 @@ def test_rollout_flags_choose_the_tools(server, offered, capsys, flags, tools):
     (["--allow-side-effects", "--deny-tools", "drop_all"], ["lookup", "write_note"]),
 ])
 def test_scenarios_writers_see_only_the_tools_rollouts_offer(server, tmp_path, capsys, monkeypatch, flags, tools):
-    from mcp_rl import scenarios as scenarios_module
+    from mcp_rl import generate, scenarios as scenarios_module
 
     seen = []
 
@@ -121,7 +121,7 @@ def test_scenarios_writers_see_only_the_tools_rollouts_offer(server, tmp_path, c
         seen.append([t["function"]["name"] for t in context.tools])
         scenarios_module.save_scenarios(out_path, [scenarios_module.Scenario(id="g-0", task="Look up k.")])
 
-    monkeypatch.setattr(scenarios_module, "llm_scenarios", fake_llm_scenarios)
+    monkeypatch.setattr(generate, "llm_scenarios", fake_llm_scenarios)
     out = tmp_path / "s.jsonl"
     code = cli.main(["scenarios", "--server", server, "--generator", "llm", "--n", "1", "--out", str(out), *flags])
     if tools is None:

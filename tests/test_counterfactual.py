@@ -11,13 +11,15 @@ import hashlib
 import json
 import logging
 import sqlite3
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import art
 import pytest
 
-from mcp_rl.counterfactual import SQLiteWorlds, for_server, replay_lookups
+from mcp_rl.counterfactual import SQLiteWorlds, replay_lookups
+from mcp_rl.environment import environment
 from mcp_rl.evidence import evidence, record_lookup
 from mcp_rl.perturb import perturb_copy
 from mcp_rl.rewards import RewardConfig, score_group, score_trajectory
@@ -45,7 +47,7 @@ def _grounded(db, sql: str, expected, worlds=None) -> float:
     t = _episode(db, [sql], expected)
 
     async def go():
-        async with worlds or for_server(build_server(db)) as w:
+        async with worlds or environment(build_server(db)).counterfactual() as w:
             await replay_lookups(t, expected, Q, w)
     asyncio.run(go())
     answer = ", ".join(expected) if isinstance(expected, list) else str(expected)
@@ -110,7 +112,7 @@ def test_an_echo_behind_a_filter_naming_the_value_does_not_ground_when_the_quest
     assert verify_answer("Engineering", "Engineering", question=q, evidence=evidence(t)) == 1.0
 
     async def go():
-        async with for_server(build_server(company_db)) as w:
+        async with environment(build_server(company_db)).counterfactual() as w:
             await replay_lookups(t, "Engineering", q, w)
     asyncio.run(go())
     assert verify_answer("Engineering", "Engineering", question=q, evidence=evidence(t)) == 0.0
@@ -124,7 +126,7 @@ def test_an_echo_whose_filter_row_vanishes_does_not_ground(company_db):
         record_lookup(t, "run_query", {"sql": sql}, _real(company_db, sql))
 
     async def go():
-        async with for_server(build_server(company_db)) as w:
+        async with environment(build_server(company_db)).counterfactual() as w:
             await replay_lookups(t, "Engineering", Q, w)
     asyncio.run(go())
     worlds = json.loads(t.metadata["counterfactual"])
@@ -218,19 +220,21 @@ def test_a_failing_replay_falls_back_to_the_echo_checks(caplog):
 @pytest.mark.parametrize("spec", ["uvx mcp-server-time", "npx -y @scope/server", "http://127.0.0.1:9/mcp",
                                   "other_project/mcp_server.py", {"command": "python", "args": ["x.py"]}])
 def test_third_party_servers_have_no_worlds(spec):
-    assert for_server(spec) is None
+    env = environment(spec)
+    assert env.counterfactual() is None and env.plan is None and env.name != "company"
 
 
-def test_the_company_server_has_worlds(company_db):
+def test_the_company_server_is_recognised_however_it_is_named(company_db):
     root = Path(__file__).resolve().parents[1]
-    assert for_server(build_server(company_db)).db == Path(company_db)
-    assert for_server(f"python {root / 'mcp_server.py'} --db {company_db}").db == Path(company_db)
-    assert for_server("company").db == root / "data" / "company.db"
+    assert environment(build_server(company_db)).counterfactual().db == Path(company_db)
+    assert environment(f"python {root / 'mcp_server.py'} --db {company_db}").counterfactual().db == Path(company_db)
+    assert environment("company").counterfactual().db == root / "data" / "company.db"
+    assert {environment(s).name for s in ("company", "mcp_server.py", [sys.executable, str(root / "mcp_server.py")])} == {"company"}
 
 
 def test_worlds_leave_nothing_behind_and_never_touch_the_source(company_db):
     digest = hashlib.sha256(Path(company_db).read_bytes()).hexdigest()
-    worlds = for_server(build_server(company_db))
+    worlds = environment(build_server(company_db)).counterfactual()
 
     async def go():
         async with worlds:

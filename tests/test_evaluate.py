@@ -207,7 +207,7 @@ def test_report_comparison_survives_a_reload_from_files(tmp_path):
 ])
 async def test_evaluate_replays_lookups_on_the_counterfactual_worlds(company_db, sql, grounded):
     """Held-out "grounded" means what training pays: an encoded echo grounds nothing, an honest count does."""
-    from mcp_rl.counterfactual import for_server
+    from mcp_rl.environment import environment
     from mcp_server import build_server
 
     server = build_server(company_db)
@@ -223,7 +223,7 @@ async def test_evaluate_replays_lookups_on_the_counterfactual_worlds(company_db,
 
     plain, _ = await evaluate(ScriptedPolicy(script), server, [scenario], label="plain")
     replayed, _ = await evaluate(ScriptedPolicy(script), server, [scenario], label="cf",
-                                 counterfactual=for_server(server))
+                                 counterfactual=environment(server).counterfactual())
     assert plain.success_rate == replayed.success_rate == 1.0
     assert plain.grounded_rate == 1.0 and replayed.grounded_rate == grounded  # the echo passes the cheap checks alone
 

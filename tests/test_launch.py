@@ -38,7 +38,7 @@ def test_the_company_server_dies_with_the_process_that_started_it(how):
     """A notebook kernel killed at shutdown (make test's orphan) or a script that never called stop()
     left `mcp_server.py --transport http` running."""
     end = "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)" if how == "SIGKILL" else "pass"
-    code = ("from mcp_rl.launch import HttpServer, company_server_command as c\n"
+    code = ("from mcp_rl.environments.company import command as c\nfrom mcp_rl.launch import HttpServer\n"
             "s = HttpServer(c()).start()\nprint(s.proc.pid, flush=True)\n" + end)
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
@@ -83,12 +83,13 @@ def test_the_session_fails_when_a_test_leaves_a_server_running(tmp_path, stop):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_server_spec_starts_company_for_the_block_and_passes_the_rest_as_given():
-    """The one reading of a --server value that the CLI's commands and the rollout worker share."""
+def test_environment_serve_starts_company_for_the_block_and_passes_the_rest_as_given():
+    """The one reading of a --server value that runs, the CLI's commands and the rollout worker share."""
     import socket as socket_module
 
-    from mcp_rl.launch import server_spec
+    from mcp_rl.environment import environment
 
+    server_spec = lambda spec, token=None: environment(spec).serve(token)  # noqa: E731
     with server_spec("company", "tok") as spec:
         port = int(spec["url"].rsplit(":", 1)[1].split("/")[0])
         assert spec["token"] == "tok" and spec["url"].startswith("http://127.0.0.1:")

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from mcp_rl.environments.company import PLAN
 from mcp_rl import parts, pipeline
 from mcp_rl.audit import read_tool_calls
 from mcp_rl.callbacks import TrainerCallback
@@ -126,7 +127,7 @@ class GateTrainer:
     def __init__(self, scenarios, learns_after: int):
         from mcp_rl.policy import DemonstrationPolicy, ScriptedPolicy
 
-        good = DemonstrationPolicy(scenarios)
+        good = DemonstrationPolicy(scenarios, PLAN)
         bad = lambda m: {"tool": "run_query", "arguments": {"sql": "SELECT * FROM nowhere"}}  # noqa: E731
         self.epochs, self.calls = 0, []
         self.policy = ScriptedPolicy(lambda m: good.script(m) if self.epochs >= learns_after else bad(m))
@@ -215,7 +216,7 @@ async def test_train_loop_records_a_held_out_curve(tmp_path, company_db):
     train, _, test = pipeline.load_splits(cfg)
 
     class Trainer:  # plays the demonstrations: every group ties, so no update is asked for
-        policy = DemonstrationPolicy(train + test)
+        policy = DemonstrationPolicy(train + test, PLAN)
 
         def save(self, path):
             path.mkdir(parents=True, exist_ok=True)
@@ -266,7 +267,7 @@ async def test_a_rollout_cut_short_by_the_endpoint_is_left_out_of_its_group(tmp_
             return await super().complete(*a, **k)
 
     class Trainer:
-        policy, trained = DownOnce(scenarios), []
+        policy, trained = DownOnce(scenarios, PLAN), []
 
         async def train(self, groups):
             self.trained.append(groups)
@@ -294,7 +295,7 @@ async def test_a_periodic_evaluation_stopped_midway_runs_on_resume(tmp_path, com
     train, _, test = pipeline.load_splits(cfg)
 
     class Trainer:
-        policy = DemonstrationPolicy(test)
+        policy = DemonstrationPolicy(test, PLAN)
 
     stopped = [{"step": 1, "reward_mean": 0.0}]  # as a stop during step 1's evaluation left it
     r = training_run(Trainer(), cfg, tmp_path / "run", step=1, history=stopped)

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from openai.types.chat.chat_completion import Choice
 
+from mcp_rl.environments.company import PLAN
 from mcp_rl.policy import (
     ContextOverflow, DemonstrationPolicy, OpenAIPolicy, Policy, PolicyError, ScriptedPolicy,
     choice_from_text, find_tool_calls, format_answer,
@@ -290,7 +291,7 @@ SCENARIO = Scn("Total salary in Sales?", "SELECT SUM(e.salary) FROM employees e 
 
 
 async def _demo_turns(replies_from_tools):
-    policy = DemonstrationPolicy([SCENARIO])
+    policy = DemonstrationPolicy([SCENARIO], PLAN)
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": SCENARIO.task}]
     calls = []
     for _ in range(8):
@@ -319,7 +320,7 @@ async def test_demonstration_policy_completes_even_when_the_query_fails():
 
 async def test_demonstration_policy_unknown_task_is_policy_error():
     with pytest.raises(PolicyError, match="no demonstration"):
-        await DemonstrationPolicy([SCENARIO]).complete([{"role": "user", "content": "other"}], [],
+        await DemonstrationPolicy([SCENARIO], PLAN).complete([{"role": "user", "content": "other"}], [],
                                                        max_tokens=8, temperature=0)
 
 

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from mcp_rl.environments.company import PLAN
 from mcp_rl.config import preset
 from mcp_rl.pipeline import audit_before_training
 from mcp_rl.policy import DemonstrationPolicy
@@ -24,7 +25,7 @@ def _split(name):
 
 
 def _audit(db, scenarios, reward):
-    return asyncio.run(audit_reward(build_server(db), scenarios, reward, demonstrations=DemonstrationPolicy(scenarios)))
+    return asyncio.run(audit_reward(build_server(db), scenarios, reward, demonstrations=DemonstrationPolicy(scenarios, PLAN)))
 
 
 def test_fixed_reward_passes_on_the_committed_test_split(company_db):

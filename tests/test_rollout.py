@@ -13,6 +13,7 @@ import fastmcp
 import pytest
 from fastmcp.exceptions import ToolError
 
+from mcp_rl.environments.company import PLAN
 from mcp_rl.guard import ToolPolicy
 from mcp_rl.policy import PolicyError, ScriptedPolicy, choice_from_text, play, tool_call_text
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts, rollout, transcript
@@ -185,7 +186,7 @@ async def test_company_server_demonstration_end_to_end(company_db):
                  reference="SELECT COUNT(*) FROM departments", answer=None)
     import sqlite3
     s.answer = sqlite3.connect(company_db).execute(s.reference).fetchone()[0]
-    traj = await rollout(DemonstrationPolicy([s]), build_server(company_db), s, RolloutConfig())
+    traj = await rollout(DemonstrationPolicy([s], PLAN), build_server(company_db), s, RolloutConfig())
     assert traj.metrics["completed"] and traj.metrics["tool_errors"] == 0, transcript(traj)
     assert traj.metadata["answer"] == str(s.answer)
     assert json.loads(traj.messages()[-2]["tool_calls"][0]["function"]["arguments"]) == {"answer": str(s.answer)}

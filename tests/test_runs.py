@@ -12,7 +12,8 @@ import pytest
 from mcp_rl import parts, pipeline
 from mcp_rl.callbacks import HeldOutCurve, TrainerCallback
 from mcp_rl.config import apply_overrides, preset
-from mcp_rl.launch import HttpServer, company_server_command
+from mcp_rl.environments.company import command as company_server_command
+from mcp_rl.launch import HttpServer
 from mcp_rl.guard import SideEffectsRefused
 from mcp_rl.run_folder import _LOADED, _Loaded
 from mcp_rl.runs import open_run, run

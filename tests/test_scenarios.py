@@ -23,9 +23,11 @@ import pytest
 
 from mcp_rl.balance import MAX_ANSWER_SHARE, answer_balance, answer_cap, balance_report
 from mcp_rl.connect import ToolSession
-from mcp_rl.scenarios import (Scenario, ScenarioGenerationError, append_scenarios, collect_context,
-                              enrich_tools, generate_to_file, grounded_scenarios, llm_scenarios,
-                              load_scenarios, resolve_generator, save_scenarios, split_scenarios)
+from mcp_rl.context import collect_context, enrich_tools
+from mcp_rl.environments.company.templates import company_templates
+from mcp_rl.generate import ScenarioGenerationError, generate_to_file, llm_scenarios, resolve_generator
+from mcp_rl.grounded import grounded_scenarios
+from mcp_rl.scenarios import Scenario, append_scenarios, load_scenarios, save_scenarios, split_scenarios
 from mcp_rl.verify import verify_answer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +200,7 @@ async def test_validate_task_rejects_invented_names(company, task, bad):
 
 async def test_grounded_scenarios_are_verified_unique_and_varied(company, company_db):
     async with ToolSession(company) as s:
-        scenarios = await grounded_scenarios(s, 150, seed=3)
+        scenarios = await grounded_scenarios(s, 150, seed=3, templates=company_templates)
     assert len(scenarios) == 150
     assert len({s.task for s in scenarios}) == 150 and len({s.id for s in scenarios}) == 150
     assert {s.difficulty for s in scenarios} == {1, 2, 3, 4, 5}
@@ -210,9 +212,9 @@ async def test_grounded_scenarios_are_verified_unique_and_varied(company, compan
 
 async def test_grounded_scenarios_are_deterministic_by_seed(company):
     async with ToolSession(company) as s:
-        a = await grounded_scenarios(s, 40, seed=0)
-        b = await grounded_scenarios(s, 40, seed=0)
-        c = await grounded_scenarios(s, 40, seed=1)
+        a = await grounded_scenarios(s, 40, seed=0, templates=company_templates)
+        b = await grounded_scenarios(s, 40, seed=0, templates=company_templates)
+        c = await grounded_scenarios(s, 40, seed=1, templates=company_templates)
     assert a == b
     assert [x.task for x in a] != [x.task for x in c]
 

@@ -26,7 +26,8 @@ import torch
 
 from mcp_rl import flags
 from mcp_rl.config import Config
-from mcp_rl.launch import HttpServer, company_server_command
+from mcp_rl.environments.company import command as company_server_command
+from mcp_rl.launch import HttpServer
 from mcp_rl.local_policy import LocalPolicy, load_local_model, load_local_tokenizer
 from mcp_rl.policy import OpenAIPolicy, ScriptedPolicy
 from mcp_rl.rollout import RolloutConfig, rollout

@@ -1,4 +1,4 @@
-"""Tests for mcp_server.py and data/build_db.py: the read-only company-db MCP server.
+"""Tests for mcp_server.py (mcp_rl/environments/company/server.py) and its build_db.py: the read-only company-db MCP server.
 
 Run: .venv/bin/python -m pytest tests/test_server.py -q
 
@@ -36,9 +36,7 @@ TOKEN = "test-token-42"
 
 
 def _builder():
-    spec = importlib.util.spec_from_file_location("company_build_db_t", ROOT / "data" / "build_db.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from mcp_rl.environments.company import build_db as module
     return module
 
 
@@ -135,7 +133,7 @@ def test_failed_build_leaves_old_file_and_no_temp_files(tmp_path, monkeypatch):
 
 def test_build_script_cli_writes_the_database(tmp_path):
     out = tmp_path / "cli.db"
-    proc = subprocess.run([sys.executable, str(ROOT / "data" / "build_db.py"), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "mcp_rl.environments.company.build_db", "--out", str(out)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert _sqlite(out, "SELECT COUNT(*) FROM employees")[0][0] == 150

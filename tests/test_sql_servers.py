@@ -34,9 +34,11 @@ from fastmcp import FastMCP
 
 from mcp_rl.connect import ToolSession
 from mcp_rl.context import collect_context, find_sql_tool
+from mcp_rl.environments.company.templates import company_templates
+from mcp_rl.generate import generate_to_file
 from mcp_rl.grounded import grounded_scenarios
 from mcp_rl.guard import SideEffectsRefused, ToolPolicy
-from mcp_rl.scenarios import Scenario, generate_to_file, load_scenarios
+from mcp_rl.scenarios import Scenario, load_scenarios
 
 # mcp-server-sqlite 2025.4.25 fails to start on mcp 2 ('Server' object has no attribute 'list_resources').
 SQLITE_SERVER_PACKAGES = ["mcp-server-sqlite==2025.4.25", "mcp>=1.2,<2"]
@@ -124,7 +126,7 @@ async def ours(db: Path, n: int, seed: int, share: float = 0.02) -> list[Scenari
     from mcp_server import build_server
     if (n, seed, share) not in _OURS:
         async with ToolSession(build_server(db)) as s:
-            _OURS[n, seed, share] = await grounded_scenarios(s, n, seed=seed, max_answer_share=share)
+            _OURS[n, seed, share] = await grounded_scenarios(s, n, seed=seed, max_answer_share=share, templates=company_templates)
     return _OURS[n, seed, share]
 
 
@@ -147,7 +149,7 @@ async def test_mcp_server_sqlite_grounded_answers_recheck(sqlite_server_exe, db_
     start = time.monotonic()
     async with ToolSession(f"{sqlite_server_exe} --db-path {db_copy}") as s:
         spy = CallLog(s)
-        got = await grounded_scenarios(spy, 2000, seed=0)  # more than there are: every template instance
+        got = await grounded_scenarios(spy, 2000, seed=0, templates=company_templates)  # more than there are: every template instance
     log.warning("%d grounded scenarios through mcp-server-sqlite in %.1f s", len(got), time.monotonic() - start)
     assert set(spy.called) == {"read_query"}  # never write_query, create_table or append_insight
     assert len(got) > 800 and {"dept_best", "top_paid", "table_rows"} <= {s.id.rsplit("-", 1)[0] for s in got}
@@ -161,7 +163,7 @@ async def test_generate_to_file_against_mcp_server_sqlite(sqlite_server_exe, db_
     # --generator grounded` runs: refused (its write tools are not annotated), then with the allowlist.
     spec = f"{sqlite_server_exe} --db-path {db_copy}"
     with pytest.raises(SideEffectsRefused, match="write_query") as refused:
-        await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1)
+        await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1, templates=company_templates)
     assert "--tools" in str(refused.value) and not (tmp_path / "s.jsonl").exists()
     written = await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1,
                                      policy=ToolPolicy(allow=["read_query", "list_tables", "describe_table"]))
@@ -219,7 +221,7 @@ def format_server(db: Path, fmt: str, refuse: str = r"^(?!\s*SELECT\b)") -> Fast
 @pytest.mark.parametrize("fmt", FORMATS)
 async def test_grounded_through_a_server_answering_in(fmt, db_copy):
     async with ToolSession(format_server(db_copy, fmt)) as s:
-        got = await grounded_scenarios(s, 300, seed=5)
+        got = await grounded_scenarios(s, 300, seed=5, templates=company_templates)
     assert len(got) == 300 and key(got) == key(await ours(db_copy, 300, seed=5))
     for sc in got:
         recheck(db_copy, sc)
@@ -230,7 +232,7 @@ async def test_a_refused_template_is_skipped_with_a_warning(db_copy, caplog):
         with caplog.at_level(logging.WARNING, logger="mcp_rl.grounded"):
             # Uncapped (max_answer_share=1): under the answer cap, dept_best's missing answers would
             # let other templates' department names in, and the two lists would differ by more.
-            got = await grounded_scenarios(s, 2000, seed=0, max_answer_share=1)
+            got = await grounded_scenarios(s, 2000, seed=0, max_answer_share=1, templates=company_templates)
     assert "skipping template dept_best" in caplog.text
     expected = [k for k in key(await ours(db_copy, 2000, seed=0, share=1)) if not k[0].startswith("dept_best-")]
     assert key(got) == expected
@@ -263,7 +265,7 @@ async def test_an_unreadable_result_skips_one_question_not_the_run(db_copy, monk
 
     monkeypatch.setattr(grounded, "_reference_rows", flaky)
     async with ToolSession(format_server(db_copy, "json")) as s:
-        got = await grounded_scenarios(s, 20, seed=0)
+        got = await grounded_scenarios(s, 20, seed=0, templates=company_templates)
     assert len(got) == 20 and len(calls) > 20
 
 

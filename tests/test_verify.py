@@ -200,7 +200,7 @@ def test_a_hex_encoded_echo_is_no_evidence(company_db):
     the value stay put on perturbed copies of the data, and the evidence it records refuses it."""
     import asyncio
 
-    from mcp_rl.counterfactual import for_server
+    from mcp_rl.environment import environment
     from mcp_server import build_server
 
     sql = json.dumps({"sql": "SELECT CAST(x'456E67696E656572696E67' AS TEXT)"})
@@ -208,7 +208,7 @@ def test_a_hex_encoded_echo_is_no_evidence(company_db):
     assert verify_answer("Engineering", "Engineering", question="Which department?", evidence=cheap) == 1.0
 
     async def worlds_show():
-        async with for_server(build_server(company_db)) as worlds:
+        async with environment(build_server(company_db)).counterfactual() as worlds:
             return await worlds.replay("run_query", json.loads(sql))
     shown_in_worlds = asyncio.run(worlds_show())
     replayed = [("Engineering", sql, [values_of(t) for t in shown_in_worlds])]
