@@ -58,14 +58,14 @@ __version__ = "0.1.0"
 
 
 class _Package(types.ModuleType):
-    """`rollout` and `evaluate` are both a function and the module that defines it: the import system
+    """`rollout`, `evaluate` and `environment` are each a function and the module that defines it: the import system
     sets a loaded submodule as its package's attribute, which would hide the function. Binding the
     functions at import time would import torch-free but heavy modules (MCP, litellm: seconds) into
     every process that imports any part of mcp_rl, the company server's included; so the package
     keeps the function whenever the import system hands it the module."""
 
     def __setattr__(self, name: str, value) -> None:
-        if name in ("rollout", "evaluate") and isinstance(value, types.ModuleType) and hasattr(value, name):
+        if name in ("rollout", "evaluate", "environment") and isinstance(value, types.ModuleType) and hasattr(value, name):
             value = getattr(value, name)
         super().__setattr__(name, value)
 

@@ -62,10 +62,10 @@ async def test_kill_and_resume_loses_and_repeats_no_step(tmp_path, monkeypatch, 
     # Resume to 3 steps, killed during step 3 (after step 2 is committed).
     real_step = pipeline.train_step
 
-    async def dying(trainer, server, batch, cfg, step):
+    async def dying(trainer, server, batch, cfg, step, env=None):
         if step + 1 == 3:
             raise KeyboardInterrupt("killed")
-        return await real_step(trainer, server, batch, cfg, step)
+        return await real_step(trainer, server, batch, cfg, step, env)
 
     monkeypatch.setattr(pipeline, "train_step", dying)
     cfg = small_config(out, steps=3)

@@ -165,7 +165,7 @@ async def test_generate_to_file_against_mcp_server_sqlite(sqlite_server_exe, db_
     with pytest.raises(SideEffectsRefused, match="write_query") as refused:
         await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1, templates=company_templates)
     assert "--tools" in str(refused.value) and not (tmp_path / "s.jsonl").exists()
-    written = await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1,
+    written = await generate_to_file(spec, "grounded", 40, tmp_path / "s.jsonl", seed=1, templates=company_templates,
                                      policy=ToolPolicy(allow=["read_query", "list_tables", "describe_table"]))
     assert load_scenarios(tmp_path / "s.jsonl") == written and len(written) == 40
     for sc in written:

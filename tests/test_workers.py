@@ -138,7 +138,7 @@ def test_a_wrong_token_is_refused_before_the_body_is_read(workers):
 @pytest.fixture(scope="module")
 def company():
     from mcp_rl.environments.company import command as company_server_command
-from mcp_rl.launch import HttpServer
+    from mcp_rl.launch import HttpServer
 
     with HttpServer(company_server_command()) as server:
         yield server.spec
