@@ -12,7 +12,7 @@ start and training; rollouts find it through a context variable, so nothing in b
 on. Each row is one write, flushed; a process killed mid-write leaves at most a partial last line,
 which readers skip and the next writer ends with a newline first. Rows are written from the
 event loop: a few microseconds a call against ~1 ms for the cheapest (in-process) tool call
-(bench/bench_audit.py).
+(bench/speed/bench_audit.py).
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "warm_start_scenarios": 32, "warm_start_epochs": 1, "warm_start_lr": 5e-4,
                   "eval_scenarios": 12, "eval_warm_start": False, "max_seq_len": 2048,
                   # checkpointing: an update of 8 x 2048 tokens peaked at 3.9 GiB resident instead of
-                  # 7.8, for 1.22x its time (bench/bench_cpu_memory.py)
+                  # 7.8, for 1.22x its time (bench/speed/bench_cpu_memory.py)
                   "micro_batch_size": 2, "precision": "bf16", "gradient_checkpointing": True},
         # Each turn prefills only its new tokens (exact in float32, the CPU's dtype): the demo's 12-scenario
         # evaluation took 406 s instead of over 641 s (2 shared cores). 12 episodes of ~2k tokens hold

@@ -16,7 +16,7 @@ environment can supply worlds: `async replay(tool, args) -> list[str | None]` (a
 None for a failed call), optionally an async context manager; `SQLiteWorlds` is the shipped one.
 
 The copies are made by `mcp_rl.perturb.perturb_copy` (what moves and why: its docstring); on the 500
-demonstrations of data/scenarios.jsonl every one stays grounded (bench/check_counterfactual.py).
+demonstrations of data/scenarios.jsonl every one stays grounded (bench/checks/check_counterfactual.py).
 Known limit: the replay proves that a result depends on the data, not that the value was computed from
 it. An echo made conditional on the data (`SELECT CASE WHEN EXISTS (SELECT 1 FROM employees WHERE salary
 = 123456) THEN <encoded v> ELSE (SELECT COUNT(*) FROM employees) END`, or `<encoded v> WHERE <one row>

@@ -1,6 +1,6 @@
 """The batched decode step behind LocalPolicy: a StaticCache and a one-token forward, a CUDA graph on a GPU.
 
-Internal to local_policy.py; `python bench/check_cuda_graph.py` checks on a GPU that graph and
+Internal to local_policy.py; `python bench/checks/check_cuda_graph.py` checks on a GPU that graph and
 eager decoding give the same tokens.
 """
 

@@ -13,7 +13,7 @@ batch (a pure function of seed and step), rolls out its `shard` of the groups, a
 step. The trainer then tokenizes all groups (advantages are per group) and backpropagates
 its `shard` of the sequences, with the loss normaliser of the *whole* step (`total`); the
 gradients are summed by `all_reduce_grads`, so 2 ranks x half the sequences give the
-gradient of 1 rank x all of them (bench/check_ddp.py checks it). Clipping and AdamW then
+gradient of 1 rank x all of them (bench/checks/check_ddp.py checks it). Clipping and AdamW then
 see identical gradients on every rank, so LoRA and optimizer state stay identical;
 `check_same` verifies it (sums of weights and moments, and a hash of the LoRA bytes, per rank) when
 the trainer is built and after each step; each step's metrics record what it saw (`rank_state_diff`,

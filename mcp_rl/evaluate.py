@@ -119,7 +119,7 @@ def summarize(rows: list[dict], label: str) -> EvalResult:
     firsts = [rs[0] for rs in by_id.values()]
     n = len(firsts)
     p = sum(r["verified"] >= SUCCESS for r in firsts) / n
-    # Rows saved before the grounding rule have no "grounded": they count as ungrounded (bench/rescore.py
+    # Rows saved before the grounding rule have no "grounded": they count as ungrounded (bench/experiments/rescore.py
     # rebuilds it from their transcripts).
     g = sum(float(r.get("grounded", 0.0)) >= SUCCESS for r in firsts) / n
     k = min(len(rs) for rs in by_id.values())

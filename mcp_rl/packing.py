@@ -175,7 +175,7 @@ def packing_works(backbone: Any) -> bool:
     # Per position, the relative distance of the two hidden states: a leak across sequences moves them
     # wholesale (0.94 on a CPU, 1.41 on an H100 for the Qwen2.5-3B shape), while an attention kernel that
     # differs between a masked and an unmasked call leaves bf16 noise (0.020 over that shape's 36 layers on
-    # an H100, where an elementwise 1% test refused packing: bench/diag/probe_split.py).
+    # an H100, where an elementwise 1% test refused packing: bench/checks/probe_split.py).
     ok = bool((((packed - alone).norm(dim=-1) / alone.norm(dim=-1).clamp(min=1e-6)).max() < 0.1).item())
     if not ok:
         log.warning("this attention implementation ignores packed position_ids: the update keeps padded micro-batches")

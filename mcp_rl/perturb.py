@@ -14,7 +14,7 @@ flags become 1/2. Worlds 1.. drop max(1, 10%) of each table's rows, relabel each
 by a derangement ('Legal' names another department, 'on_hold' means what 'active' meant) and redraw 15%
 of the cells of columns with repeats, flip 15% of flags, point 15% of foreign keys at other keys, and
 null max(1, 10%) of the values of a column that has NULLs. Measured on the 500 demonstrations of
-data/scenarios.jsonl (bench/check_counterfactual.py): all grounded at K=4 (seeds 0-3); at K=3 one
+data/scenarios.jsonl (bench/checks/check_counterfactual.py): all grounded at K=4 (seeds 0-3); at K=3 one
 zero count stayed 0 in every world at 2 of 4 seeds (Legal's on-hold projects; Finance employees who
 out-earn their manager). Zero counts are the hard case: only a world where the rows happen to qualify
 moves them.

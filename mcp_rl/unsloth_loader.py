@@ -62,7 +62,7 @@ def import_unsloth_if_used(cfg: Any) -> None:
     """Import Unsloth now when `cfg` (a Config) trains with it (`train.loader='unsloth'`), else nothing.
 
     Unsloth patches transformers and peft when imported, so a run with its loader calls this before
-    ART or the trainer import transformers: the CLI's `train`, notebook 01, bench/learning_proof.py."""
+    ART or the trainer import transformers: the CLI's `train`, notebook 01, bench/experiments/learning_proof.py."""
     if cfg.train.loader == "unsloth":
         import_unsloth()
 

@@ -367,7 +367,7 @@ def _echoed(args: str, exp: Any, opts: tuple) -> bool:
     """The call's own arguments make the value: written out (`SELECT 42`), split into literals that are
     joined (`'E' || 'ngineering'`), or computed from two literals (`SELECT 55-13`). Cheap checks, not a
     proof: hex and char() encodings pass them; the counterfactual replay (mcp_rl.counterfactual, read by
-    `_moved`) refuses those where the scoring has worlds (bench/check_cheats.py measures both)."""
+    `_moved`) refuses those where the scoring has worlds (bench/checks/check_cheats.py measures both)."""
     text = _INCIDENTAL.sub(" ", args)
     if _holds(text, exp, opts):
         return True

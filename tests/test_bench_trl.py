@@ -1,4 +1,4 @@
-"""Tests for bench/bench_trl.py: on a tiny model, TRL's GRPOTrainer step and ours compute the same loss.
+"""Tests for bench/speed/bench_trl.py: on a tiny model, TRL's GRPOTrainer step and ours compute the same loss.
 
 Skipped without trl (CI does not install it). About 30 s on 2 cores:
 
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_trl.py"
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "speed" / "bench_trl.py"
 
 
 @pytest.mark.slow

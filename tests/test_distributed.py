@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/distributed.py and bench/check_ddp.py: 2 gloo ranks train the LoRA 1 process trains
+"""Tests for mcp_rl/distributed.py and bench/checks/check_ddp.py: 2 gloo ranks train the LoRA 1 process trains
 on the union of their batches, and a rank that dies ends the others with a clear error.
 
 Real processes on 127.0.0.1 (gloo), a tiny random Llama with SmolLM2's tokenizer: about 20 s each
@@ -13,7 +13,7 @@ import pytest
 
 from mcp_rl import distributed
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "check_ddp.py"
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "checks" / "check_ddp.py"
 
 
 @pytest.fixture(scope="module")

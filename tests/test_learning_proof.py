@@ -1,4 +1,4 @@
-"""Tests for bench/learning_proof.py and bench/learning_parallel.sh on a CPU (the GPU runs' machinery).
+"""Tests for bench/experiments/learning_proof.py and learning_parallel.sh on a CPU (the GPU runs' machinery).
 
     .venv/bin/python -m pytest tests/test_learning_proof.py -q
 
@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+EXP = "bench/experiments"  # learning_proof.py, its configs and tools, from the repo root
+CONFIG = f"{EXP}/learning/smollm2.yaml"
 SMALL = ",".join(["train.steps=6", "train.groups_per_step=2", "train.group_size=2", "train.warm_start_scenarios=4",
                   "train.warm_start_gate_scenarios=2", "train.warm_start_max_extra_epochs=0", "train.eval_scenarios=4",
                   "train.eval_every=3", "train.eval_every_scenarios=2", "rollout.concurrency=4", "rollout.max_turns=6",
@@ -38,13 +40,13 @@ def parallel(tmp_path, tokenizer_dir, deadline, *runs, out="out", machine="runs"
     env = {**os.environ, "OUT": str(tmp_path / out), "TMPDIR": str(tmp_path),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "LP_ARGS": f"--random-weights {tokenizer_dir} --random-shape tiny", "LP_RUNS": str(tmp_path / machine)}
-    return subprocess.run(["bash", "bench/learning_parallel.sh", str(deadline), *runs], cwd=ROOT, env=env,
+    return subprocess.run(["bash", f"{EXP}/learning_parallel.sh", str(deadline), *runs], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=280)
 
 
 @pytest.mark.slow
 def test_two_runs_pause_move_to_a_fresh_machine_and_resume_to_the_end(tmp_path, tokenizer_dir):
-    runs = (f"a:bench/learning/smollm2.yaml:0:{SMALL}", f"b:bench/learning/smollm2.yaml:1:{SMALL}")
+    runs = (f"a:{CONFIG}:0:{SMALL}", f"b:{CONFIG}:1:{SMALL}")
     # A 1 s deadline has passed by step 1 however fast the machine: both pause after it. (12 s paused one run
     # and not the other on a fast CI machine: the random model's steps take ~0 s.)
     first = parallel(tmp_path, tokenizer_dir, 1, *runs, out="out1")
@@ -56,7 +58,7 @@ def test_two_runs_pause_move_to_a_fresh_machine_and_resume_to_the_end(tmp_path, 
     assert {"state/a.json", "state/b.json", "state/a.tgz.00", "state/b.tgz.00"} <= set(returned), returned
     # The machine is gone: the next one starts from the returned parts alone, at the same path (setup.sh does this).
     (tmp_path / "runs").rename(tmp_path / "gone")
-    subprocess.run([sys.executable, "bench/run_state.py", "unpack", str(out1 / "state"), str(tmp_path / "runs")],
+    subprocess.run([sys.executable, "bench/device/run_state.py", "unpack", str(out1 / "state"), str(tmp_path / "runs")],
                    cwd=ROOT, check=True, capture_output=True, timeout=60)
     second = parallel(tmp_path, tokenizer_dir, 200, *runs, out="out2")
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
@@ -80,7 +82,7 @@ def test_two_runs_pause_move_to_a_fresh_machine_and_resume_to_the_end(tmp_path, 
     assert not (tmp_path / "out2" / "state").exists()  # finished runs leave no state behind
     third = parallel(tmp_path, tokenizer_dir, 200, *runs, out="out3")
     assert third.stdout.count(": finished") == 2
-    summary = subprocess.run([sys.executable, "bench/learning_summary.py", str(tmp_path / "runs" / "results"),
+    summary = subprocess.run([sys.executable, f"{EXP}/learning_summary.py", str(tmp_path / "runs" / "results"),
                               "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     data = json.loads(summary.stdout)
     assert [(r["name"], r["seed"], r["steps"]) for r in data["runs"]] == [("a", 0, 6), ("b", 1, 6)]
@@ -90,13 +92,13 @@ def test_two_runs_pause_move_to_a_fresh_machine_and_resume_to_the_end(tmp_path, 
 def test_the_unsloth_loader_is_imported_before_transformers(tmp_path):
     """Unsloth patches transformers on import: learning_proof asks for it before anything imports transformers
     (ART does). A stand-in for `import_unsloth` in a fresh interpreter records what was imported by then."""
-    code = ("import sys; sys.path.insert(0, 'bench')\n"
+    code = (f"import sys; sys.path.insert(0, '{EXP}')\n"
             "import mcp_rl.unsloth_loader as u\n"
             "def fake():\n"
             "    print('transformers imported:', 'transformers' in sys.modules); raise u.UnslothUnavailable('no GPU')\n"
             "u.import_unsloth = fake\n"
             "import learning_proof\n"
-            f"learning_proof.main(['--config', 'bench/learning/smollm2.yaml', '--out', '{tmp_path}/r', "
+            f"learning_proof.main(['--config', '{CONFIG}', '--out', '{tmp_path}/r', "
             "'--set', 'train.loader=unsloth'])\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "transformers imported: False" in out.stdout, out.stdout + out.stderr[-2000:]
@@ -105,15 +107,15 @@ def test_the_unsloth_loader_is_imported_before_transformers(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     ([], "usage:"),
-    (["soon", "a:bench/learning/smollm2.yaml:0"], "usage:"),
-    (["60", "a:bench/learning/nope.yaml:0"], "bad run spec 'a:bench/learning/nope.yaml:0'"),
-    (["60", "a:bench/learning/smollm2.yaml:x"], "integer seed"),
-    (["60", "a b:bench/learning/smollm2.yaml:0"], "bad run spec"),
+    (["soon", f"a:{CONFIG}:0"], "usage:"),
+    (["60", f"a:{EXP}/learning/nope.yaml:0"], f"bad run spec 'a:{EXP}/learning/nope.yaml:0'"),
+    (["60", f"a:{CONFIG}:x"], "integer seed"),
+    (["60", f"a b:{CONFIG}:0"], "bad run spec"),
     (["60", "a:" + "x" * 500 + ":0"], "bad run spec 'a:xxx"),  # quoted as a short prefix, not whole
 ])
 def test_a_bad_run_spec_stops_before_any_run(tmp_path, args, needle):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "LP_RUNS": str(tmp_path / "runs")}
-    out = subprocess.run(["bash", "bench/learning_parallel.sh", *args], cwd=ROOT, env=env, capture_output=True,
+    out = subprocess.run(["bash", f"{EXP}/learning_parallel.sh", *args], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and needle in out.stderr and len(out.stderr) < 300
     assert not (tmp_path / "runs").exists()
@@ -122,7 +124,7 @@ def test_a_bad_run_spec_stops_before_any_run(tmp_path, args, needle):
 def test_the_held_out_curve_counts_the_same_scenarios_at_every_point(monkeypatch):
     """Session 10's runs evaluated the warm start on 128 held-out scenarios and every 5 steps the first 64:
     plotted together, the curve mixed two sets. Every point now counts the periodic evaluations' ones."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / EXP))
     from learning_proof import held_out_curve
 
     row = lambda i, ok: {"scenario_id": f"s{i}", "verified": float(ok)}  # noqa: E731
@@ -135,7 +137,7 @@ def test_the_held_out_curve_counts_the_same_scenarios_at_every_point(monkeypatch
 
 
 def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / EXP))
     import learning_summary
 
     def run(name, seed, over_base, warm, trained, se, proof=True):
@@ -166,7 +168,7 @@ def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path, monkeypatch):
 
 
 def test_proof_md_reports_the_update_sizes(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / EXP))
     from learning_proof import proof_tables
 
     for label, ok in (("base", (0, 0)), ("warm_start", (1, 0)), ("trained", (1, 1))):
@@ -192,13 +194,13 @@ def test_proof_md_reports_the_update_sizes(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_under_torchrun_two_ranks_run_to_the_end_and_the_ddp_table_compares_them(tmp_path, tokenizer_dir):
-    """Issue [multi-gpu]'s machinery on gloo: learning_proof.py as 2 ranks vs 1 process, then bench/ddp_table.py.
+    """Issue [multi-gpu]'s machinery on gloo: learning_proof.py as 2 ranks vs 1 process, then ddp_table.py.
     Only rank 0 evaluates, so only it knows the final evaluation's time: its step budget must hold on both
     ranks (a 90 s deadline that rank 1 alone would meet by stopping after step 1)."""
     from mcp_rl.launch import free_port
 
     env = {**os.environ, "TQDM_DISABLE": "1", "MCP_RL_DIST_TIMEOUT_S": "120"}
-    args = ["bench/learning_proof.py", "--config", "bench/learning/smollm2.yaml", "--seed", "0", "--random-weights",
+    args = [f"{EXP}/learning_proof.py", "--config", CONFIG, "--seed", "0", "--random-weights",
             str(tokenizer_dir), "--random-shape", "tiny", "--deadline-s", "90", "--set", *SMALL.split(",")]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                 "--master-addr", "127.0.0.1"]
@@ -211,8 +213,8 @@ def test_under_torchrun_two_ranks_run_to_the_end_and_the_ddp_table_compares_them
     steps = [json.loads(x) for x in (tmp_path / "r2" / "metrics.jsonl").read_text().splitlines() if "reward_mean" in x]
     assert len(steps) == 6 and all(h["rank_lora_identical"] is True for h in steps)
     assert json.loads((tmp_path / "r2" / "timings-call1.json").read_text())["ranks"] == 2  # rank 0's; rank 1 wrote none
-    table = subprocess.run([sys.executable, "bench/ddp_table.py", str(tmp_path / "r1"), str(tmp_path / "r2"), "--json"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    table = subprocess.run([sys.executable, f"{EXP}/ddp_table.py", str(tmp_path / "r1"), str(tmp_path / "r2"),
+                            "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     rows = json.loads(table.stdout)
     assert [(r["ranks"], r["groups"], r["steps"], r["identical"]) for r in rows] == [(1, 2, 6, None), (2, 2, 6, True)]
     paused = subprocess.run([*torchrun, "--master-port", str(free_port()), *args, "--out", str(tmp_path / "r3"),
@@ -229,7 +231,7 @@ def test_under_torchrun_two_ranks_run_to_the_end_and_the_ddp_table_compares_them
 def test_the_ddp_table_names_a_run_it_cannot_read(tmp_path, files):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    out = subprocess.run([sys.executable, "bench/ddp_table.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, f"{EXP}/ddp_table.py", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "not a finished learning-proof run folder" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr) < 400
@@ -240,13 +242,13 @@ def test_the_rehearsals_trainer_is_what_config_json_records(tokenizer_dir, chang
     """learning_proof built its own trainer without gradient checkpointing while config.json recorded
     `gradient_checkpointing: true`, and batched the policy by flags config.json never saw. Its trainer now
     comes from `parts.build_trainer(cfg, model=...)`: every setting from the config it records."""
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / EXP))
     from learning_proof import random_model
 
     from mcp_rl import parts
     from mcp_rl.config import apply_overrides, load_config
 
-    cfg = apply_overrides(load_config(ROOT / "bench" / "learning" / "smollm2.yaml"), ["out=/tmp/unused", *change])
+    cfg = apply_overrides(load_config(ROOT / CONFIG), ["out=/tmp/unused", *change])
     trainer = parts.build_trainer(cfg, model=random_model(str(tokenizer_dir), "tiny"))
     policy = trainer.policy
     assert (policy.max_batch, policy.batch_wait_s, policy.batch_gap_s) == (192, 0.3, None) == (

@@ -579,7 +579,7 @@ def _code_cells(path: Path) -> list[str]:
 
 
 def test_the_executed_gpu_notebook_is_the_source_notebook_run_whole():
-    """A change to a code cell of notebook 01 needs a new GPU execution (bench/gpu_notebook.py), or a line in
+    """A change to a code cell of notebook 01 needs a new GPU execution (bench/device/gpu_notebook.py), or a line in
     bench/results/notebook_gpu/README.md "Code cells changed since this execution: N, M" naming each one."""
     ran, source = _code_cells(EXECUTED / "01_train_sql_agent.ipynb"), _code_cells(NB_DIR / "01_train_sql_agent.ipynb")
     changed = [i for i, (a, b) in enumerate(zip(ran, source)) if a != b] + list(range(min(len(ran), len(source)),
@@ -587,7 +587,7 @@ def test_the_executed_gpu_notebook_is_the_source_notebook_run_whole():
     noted = re.search(r"Code cells changed since this execution: ([\d, ]+)", (EXECUTED / "README.md").read_text())
     assert changed == ([int(x) for x in noted.group(1).split(",")] if noted else []), (
         f"notebook 01's code cells {changed} differ from the executed copy in {EXECUTED}: execute it again "
-        "(bench/gpu_notebook.py) or list them in its README")
+        "(bench/device/gpu_notebook.py) or list them in its README")
     summary = json.loads((EXECUTED / "summary.json").read_text())
     assert summary["cells_run"] == summary["code_cells"] and not summary["cells_with_errors"] and not summary["error"]
     assert summary["parameters"]["EVAL_SCENARIOS"] >= 64  # issue [tutorial] item 11: a held-out set that can show a gain

@@ -1,4 +1,4 @@
-"""bench/run_state.py: a paused run folder packed into parts that a device call can return, and rebuilt.
+"""bench/device/run_state.py: a paused run folder packed into parts that a device call can return, and rebuilt.
 
     .venv/bin/python -m pytest tests/test_run_state.py -q
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "device"))
 
 import run_state  # noqa: E402
 
@@ -114,11 +114,11 @@ def test_unpack_refuses_an_archive_member_outside_its_folder(tmp_path):
 def test_the_command_line_packs_and_unpacks(tmp_path):
     run = make_run(tmp_path / "box1", step=3)
     for args in (["pack", str(run), str(tmp_path / "state")], ["unpack", str(tmp_path / "state"), str(tmp_path / "b2")]):
-        out = subprocess.run([sys.executable, "bench/run_state.py", *args], cwd=ROOT, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "bench/device/run_state.py", *args], cwd=ROOT, capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, out.stderr[-1000:]
     assert json.loads((tmp_path / "b2" / "smollm2-seed2" / "state.json").read_text())["step"] == 3
-    bad = subprocess.run([sys.executable, "bench/run_state.py", "unpack", str(tmp_path / "nothing"), str(tmp_path)],
+    bad = subprocess.run([sys.executable, "bench/device/run_state.py", "unpack", str(tmp_path / "nothing"), str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "no <run>.json manifest" in bad.stderr
 

@@ -7,7 +7,7 @@ option, and UnslothPolicy's decode (transformers' generate with the logprob reco
 LocalPolicy's on a tiny random Llama. For the last, a stand-in `unsloth` module supplies
 FastLanguageModel.for_inference / for_training (the only Unsloth calls the sampler makes): it
 stands at the import boundary and says so. The real Unsloth path runs on the GPU machine
-(bench/bench_unsloth.py, bench/RESULTS.md).
+(bench/speed/bench_unsloth.py, bench/RESULTS.md).
 """
 
 import math

@@ -128,7 +128,7 @@ HEDGE_CASES = [
     ("7, 8", 7, "How many projects started in 2023?", 0.0),
     ("yes no", True, "Is anyone in Legal remote?", 0.0),
     ("2024-01-15 2024-02-01", "2024-01-15", "When was Ava Hill hired?", 0.0),
-    # one constant for several answer types (red-team, bench/check_cheats.py)
+    # one constant for several answer types (red-team, bench/checks/check_cheats.py)
     ("2019-10-23 Marketing 2", 2, "How many high-priority projects are on hold?", 1.0),  # the number path stays
     ("2019-10-23 Marketing 2", "Marketing", "Which department is the person leading Quartz Launch Campaign a member of?", 0.0),
     ("2019-10-23 Marketing 2", "2019-10-23", "What is the start date of Apollo CI Overhaul?", 0.0),
@@ -258,12 +258,13 @@ def test_verify_answer_rejects_bad_expected(expected, error, match):
 
 
 def test_rescore_flips_a_stored_row_the_verifier_now_refuses(tmp_path, monkeypatch):
-    """bench/rescore.py: Gemma seed 1's step-10 evaluation listed every department and was scored correct."""
+    """bench/experiments/rescore.py: Gemma seed 1's step-10 evaluation listed every department and was scored
+    correct."""
     import gzip
     import json
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench" / "experiments"))
     from rescore import rescore
 
     rows = [{"scenario_id": "a", "answer": "Engineering, Sales, Marketing", "expected": "Sales", "verified": 1.0,
@@ -279,10 +280,11 @@ def test_rescore_flips_a_stored_row_the_verifier_now_refuses(tmp_path, monkeypat
 
 @pytest.mark.parametrize("record,grounded", [(None, 1.0), ('{"0": ["42", "42"]}', 0.0), ('{"0": ["40", "42"]}', 1.0)])
 def test_rescore_reads_a_rows_counterfactual_record(monkeypatch, record, grounded):
-    """bench/rescore.py rebuilds evidence from the transcript and, where the row kept one, the replay record."""
+    """bench/experiments/rescore.py rebuilds evidence from the transcript and, where the row kept one, the replay
+    record."""
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench" / "experiments"))
     from rescore import grounded as rescored
 
     sql = "SELECT CAST(x'3432' AS INTEGER)"

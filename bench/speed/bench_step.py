@@ -1,0 +1,189 @@
+"""Benchmark: one learning-proof GRPO step with today's settings and with the new ones, side by side.
+
+Both modes run in one process on the same model, server, scenarios and starting weights: before
+each mode's step the trainer is restored from the same checkpoint, and torch is re-seeded, so the
+only differences are the settings under test. Modes:
+  old  LocalPolicy(batch_wait_s=0.3, hand_back=False) (a batch waits a fixed 0.3 s after its first
+       request, as bench/experiments/learning_proof.py ran before 2026-12-04, and answers every request when its
+       longest row ends), transformers 5.17's attention (repeat_kv), trainer micro-batches of
+       micro_batch_size sequences
+  new  LocalPolicy(batch_wait_s=WAIT, batch_gap_s=GAP, hand_back=True) (a batch closes once no request
+       came for GAP seconds; a finished row is answered at once, so its rollout calls its tool during
+       the decode's tail), packed GQA decode attention (decoder.packed_gqa_sdpa), trainer
+       micro-batches packed to MICRO_BATCH_TOKENS padded tokens; with --packed (issue [speed]) the packed
+       update instead (mcp_rl/packing.py: sequences end to end in rows of MICRO_BATCH_TOKENS at most, the LM
+       head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA)
+Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
+tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
+scenarios in both modes from the same weights and counts rollouts whose tokens are identical
+(greedy: batch composition should change nothing but float rounding; sampled steps use different
+batches, so their tokens are not compared).
+
+    python bench/speed/bench_step.py --config bench/experiments/learning/smollm2.yaml --steps 3 --out bench/results/step_bench.txt
+    python bench/speed/bench_step.py --packed --micro-batch-tokens 16384 --greedy-scenarios 0 --steps 8 \
+        --out bench/results/step_bench_smollm2_h100.txt
+    python bench/speed/bench_step.py --random-weights TOKENIZER_DIR --shape tiny --steps 1 \
+        --set rollout.concurrency=8 train.groups_per_step=2 train.group_size=2 rollout.max_tokens=16   # CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "speed"), str(ROOT / "bench" / "experiments")]
+
+import learning_proof  # noqa: E402  (bench/experiments/learning_proof.py: its trainer builder and random shapes)
+
+from mcp_rl import parts, pipeline  # noqa: E402
+from mcp_rl.config import apply_overrides, load_config  # noqa: E402
+
+
+def set_mode(trainer, mode: dict) -> None:
+    from transformers import AttentionInterface
+
+    from bench_packed_gqa import attention
+
+    trainer.policy.batch_wait_s, trainer.policy.batch_gap_s = mode["batch_wait_s"], mode["batch_gap_s"]
+    trainer.micro_batch_tokens, trainer.policy.hand_back = mode["micro_batch_tokens"], mode["hand_back"]
+    trainer.packed = mode.get("packed", False)
+    if trainer.packed != mode.get("packed", False):
+        raise SystemExit("--packed: this model or attention cannot run packed sequences (see the warning above)")
+    AttentionInterface.register("sdpa", attention("packed" if mode["packed_gqa"] else "repeat"))
+
+
+def tokens_of(groups) -> list[list[int]]:
+    out = []
+    for g in groups:
+        for t in g.trajectories:
+            out.append([int(lp.token.split(":")[1]) for c in t.messages_and_choices if not isinstance(c, dict)
+                        for lp in (c.logprobs.content if c.logprobs else [])])
+    return out
+
+
+async def bench(args) -> list[dict]:
+    import torch
+
+    cfg = apply_overrides(load_config(args.config), args.set)
+    train, _, test = pipeline.load_splits(cfg)
+    trainer = learning_proof.build_trainer(cfg, max_batch=cfg.rollout.concurrency, batch_wait_s=0.3,
+                                           random_weights=args.random_weights, shape=args.shape)
+    modes = {"old": {"batch_wait_s": 0.3, "batch_gap_s": None, "micro_batch_tokens": 0, "hand_back": False,
+                     "packed_gqa": False, "packed": False},
+             "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
+                     "hand_back": True, "packed_gqa": True, "packed": args.packed}}
+    rows: list[dict] = []
+    async with parts.open_server(cfg) as server:
+        with tempfile.TemporaryDirectory() as tmp:
+            start = Path(tmp) / "start"
+            trainer.save(start)
+            if args.greedy_scenarios:
+                from mcp_rl.rollout import gather_rollouts
+
+                seen = {}
+                for name, mode in modes.items():
+                    set_mode(trainer, mode)
+                    groups = await gather_rollouts(trainer.policy, server, test[: args.greedy_scenarios],
+                                                   parts.rollout_config(cfg, temperature=0.0), desc=None)
+                    seen[name] = tokens_of(groups)
+                same = sum(a == b for a, b in zip(seen["old"], seen["new"]))
+                rows.append({"check": "greedy tokens identical", "same": same, "of": len(seen["old"])})
+                print(f"greedy check: {same}/{len(seen['old'])} rollouts with identical tokens", flush=True)
+            for step in range(args.steps):
+                batch = pipeline.step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
+                order = ("old", "new") if step % 2 == 0 else ("new", "old")  # alternate: no mode always goes first
+                for name in order:
+                    trainer.load(start)
+                    set_mode(trainer, modes[name])
+                    torch.manual_seed(cfg.train.seed + step)
+                    calls = trainer.policy.generate_calls
+                    t0 = time.monotonic()
+                    rec = await pipeline.train_step(trainer, server, batch, cfg, step)
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+                    row = {"step": step + 1, "mode": name, **modes[name], "seconds": round(time.monotonic() - t0, 2),
+                           "rollout_seconds": rec["rollout_seconds"],
+                           "generate_calls": trainer.policy.generate_calls - calls,
+                           "num_tokens": rec.get("num_tokens"), "tokens_per_s": rec.get("tokens_per_s"), "success_rate": rec["success_rate"],
+                           # the trainer's own seconds (tokenize + forward/backward + optimizer): tokens / tokens_per_s
+                           "train_seconds": round(rec["num_tokens"] / rec["tokens_per_s"], 2)
+                           if rec.get("tokens_per_s") else None, "max_seq_tokens": rec.get("max_seq_tokens"),
+                           "max_padding": rec.get("max_padding"), "tokenize_seconds": rec.get("tokenize_seconds"), "device": torch.cuda.get_device_name(0)
+                           if torch.cuda.is_available() else "cpu",
+                           # GPU peaks (train.gpu_peaks): the rollouts' (after trainer.load) and the update's
+                           "peak_rollout_gib": rec.get("gpu_peak_gib_before_update"),
+                           "peak_update_gib": rec.get("gpu_peak_gib_update")}
+                    row["update_seconds"] = round(row["seconds"] - row["rollout_seconds"], 2)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if args.out:  # row by row: a call cut off by its time limit keeps the steps done
+                        with Path(args.out).with_suffix(".jsonl").open("a") as f:
+                            f.write(json.dumps(row) + "\n")
+                if args.advance:
+                    trainer.save(start)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    gib = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731  (no GPU: no peaks)
+    lines = ["| step | mode | step s | rollouts s | rewards + update s | update s | decodes | trained tokens | "
+             "update tok/s | longest seq | padding | peak GiB rollouts / update |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "mode" in r:
+            lines.append(f"| {r['step']} | {r['mode']} | {r['seconds']:.1f} | {r['rollout_seconds']:.1f} | "
+                         f"{r['update_seconds']:.1f} | {r.get('train_seconds') or 0:.1f} | {r['generate_calls']} | "
+                         f"{r.get('num_tokens') or 0:.0f} | {r.get('tokens_per_s') or 0:.0f} | "
+                         f"{r.get('max_seq_tokens') or 0:.0f} | {r.get('max_padding') or 0:.0f} | {gib(r.get('peak_rollout_gib'))} / "
+                         f"{gib(r.get('peak_update_gib'))} |")
+    steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in ("old", "new")}
+    if steps["old"] and steps["new"]:
+        lines += ["", f"mean step: old {sum(steps['old']) / len(steps['old']):.1f} s, new "
+                  f"{sum(steps['new']) / len(steps['new']):.1f} s, speedup "
+                  f"{(sum(steps['old']) / len(steps['old'])) / max(sum(steps['new']) / len(steps['new']), 1e-9):.2f}x"]
+        upd = {m: [r["train_seconds"] for r in rows if r.get("mode") == m and r.get("train_seconds")] for m in steps}
+        peak = {m: max([r["peak_update_gib"] or 0 for r in rows if r.get("mode") == m], default=0) for m in steps}
+        if upd["old"] and upd["new"]:
+            lines += [f"mean update: old {sum(upd['old']) / len(upd['old']):.1f} s, new {sum(upd['new']) / len(upd['new']):.1f}"
+                      f" s; update peak: old {peak['old']:.1f} GiB, new {peak['new']:.1f} GiB"]
+    lines += [f"{r['check']}: {r['same']}/{r['of']}" for r in rows if "check" in r]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "bench" / "experiments" / "learning" / "smollm2.yaml"))
+    ap.add_argument("--steps", type=int, default=3, help="steps per mode (each from the same weights)")
+    ap.add_argument("--wait", type=float, default=2.0, help="new mode: the longest a batch waits to fill")
+    ap.add_argument("--gap", type=float, default=0.1, help="new mode: close the batch after this long without a request")
+    ap.add_argument("--micro-batch-tokens", type=int, default=65536, help="new mode: padded tokens per micro-batch")
+    ap.add_argument("--greedy-scenarios", type=int, default=32, help="held-out scenarios in the greedy check (0: none)")
+    ap.add_argument("--packed", action="store_true", help="new mode: the packed update (no padding; "
+                    "--micro-batch-tokens bounds its packed rows)")
+    ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
+    ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
+    ap.add_argument("--shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
+    ap.add_argument("--out", default=None, help="write the table here (and the rows beside it as .jsonl)")
+    args = ap.parse_args(argv)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).with_suffix(".jsonl").write_text("")
+    rows = asyncio.run(bench(args))
+    text = table(rows)
+    print(text, flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

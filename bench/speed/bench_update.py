@@ -1,0 +1,175 @@
+"""Benchmark: the GRPO update alone, padded (today's) vs packed (mcp_rl/packing.py), on the same sequences.
+
+bench/speed/bench_step.py times whole steps, whose modes sample their own rollouts (trained tokens differ up to 4x
+between modes in one step). This one feeds both update paths the same synthetic step: STEP_SEQS sequences
+shaped like a learning run's (a prompt of tool schemas, assistant turns of 30-128 tokens between tool
+results, lengths log-normal around --mean-len, one sequence at --longest: Gemma 3 270M's step 3 had 8078),
+random weights in the real model's shape (Gemma 3 270M or SmolLM2-135M; speed and memory do not depend on
+the weights), bf16 weights and autocast, LoRA r=16 on all linear layers as the pre-registered configs. Each
+repetition runs old then new (alternating which goes first) from the same LoRA weights; a row per update:
+seconds, trained tokens/s, peak GiB (torch.cuda.max_memory_allocated), and the loss (the two must agree).
+
+    python bench/speed/bench_update.py --shape gemma3-270m --reps 3 --out $OUT/update_gemma.jsonl
+    python bench/speed/bench_update.py --shape tiny --seqs 8 --mean-len 60 --longest 120 --reps 1   # CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import sys
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+GEMMA = dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+             num_key_value_heads=1, head_dim=256, sliding_window=512, max_position_embeddings=32768,
+             query_pre_attn_scalar=256, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+             layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3)
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+               num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+               tie_word_embeddings=True)
+QWEN3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+              num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+              tie_word_embeddings=True)  # Qwen2.5-3B-Instruct's shape (Qwen2's q/k/v biases left out: a rounding error)
+TINY = dict(SMOLLM2, vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
+
+
+def model_of(shape: str, device: str):
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if shape == "gemma3-270m":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**GEMMA, bos_token_id=2, eos_token_id=1, pad_token_id=0))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**{"smollm2": SMOLLM2, "qwen3b": QWEN3B}.get(shape, TINY), bos_token_id=1,
+                                             eos_token_id=2, pad_token_id=2))
+    return model.to(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
+
+
+def step_seqs(n: int, mean_len: int, longest: int, vocab: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    lengths = [min(longest, max(mean_len // 3, int(rng.lognormvariate(math.log(mean_len) - 0.08, 0.4))))
+               for _ in range(n - 1)] + [longest]
+    seqs = []
+    for n_tok in lengths:
+        prompt = min(n_tok // 2, mean_len // 2)
+        mask = [0] * prompt
+        while len(mask) < n_tok:  # an assistant turn, then a tool result
+            turn = rng.randint(30, 128)
+            mask += [1] * turn + [0] * rng.randint(40, 400)
+        mask = mask[:n_tok]
+        mask[-1] = 1  # the last turn ends the episode: at least one trained token
+        seqs.append({"ids": [rng.randrange(3, vocab) for _ in range(n_tok)], "mask": mask,
+                     "old": [-rng.random() * 3 if m else float("nan") for m in mask], "adv": rng.uniform(-1, 1)})
+    return seqs
+
+
+def update(trainer, seqs: list[dict]) -> dict:
+    """train_step's update without ART's tokenizer: the same micro-batches, loss, backward and optimizer step."""
+    import torch
+
+    from mcp_rl.loss import grpo_loss
+
+    cuda = trainer.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    constant, total, batches = trainer.max_seq_len * len(seqs), 0.0, trainer._micro_batches(seqs)
+    trainer.model.train()
+    for batch in batches:
+        new, old, mask = trainer._logprobs(batch)
+        adv = torch.tensor([s["adv"] for s in batch], device=trainer.device)
+        loss = grpo_loss(new, old, adv, mask, kind="dr_grpo", constant=constant)
+        trainer._backward(loss)
+        total += float(loss.detach())
+    grad_norm = trainer._update(trainer.optimizer)
+    trainer.model.eval()
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(s["ids"]) for s in seqs)
+    return {"seconds": round(seconds, 3), "tokens": tokens, "tokens_per_s": round(tokens / seconds),
+            "micro_batches": len(batches), "loss": total, "grad_norm": grad_norm,
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from mcp_rl.train import PortableTrainer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=("gemma3-270m", "smollm2", "qwen3b", "tiny"), default="gemma3-270m")
+    ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in both modes (the 3B shape)")
+    ap.add_argument("--peak-tflops", type=float, default=989.4, help="the GPU's dense bf16 peak (H100 SXM: 989.4)")
+    ap.add_argument("--seqs", type=int, default=192, help="sequences in the step (12 groups x 16)")
+    ap.add_argument("--mean-len", type=int, default=1250)
+    ap.add_argument("--longest", type=int, default=8078)
+    ap.add_argument("--old-micro-batch", type=int, default=8, help="old: sequences a micro-batch (pre-registered 8)")
+    ap.add_argument("--budget", type=int, default=16384, help="new: tokens of a micro-batch's packed rows")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=None, help="rows as JSONL")
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = model_of(args.shape, device)
+    seqs = step_seqs(args.seqs, args.mean_len, args.longest, base.config.vocab_size)
+    trainers = {}
+    for mode in ("old", "new"):
+        torch.manual_seed(1)  # the same LoRA initialisation
+        tok = types.SimpleNamespace(pad_token_id=0)  # no text: the sequences are token ids already
+        policy = types.SimpleNamespace(model=copy.deepcopy(base), tokenizer=tok, step=0)
+        trainers[mode] = PortableTrainer(
+            policy, learning_rate=2e-4, lora_r=16, lora_alpha=32, max_seq_len=8192, precision="auto",
+            micro_batch_size=args.old_micro_batch, micro_batch_tokens=args.budget if mode == "new" else 0,
+            packed=mode == "new", gradient_checkpointing=args.checkpointing)
+        trainers[mode].tokenizer = policy.tokenizer
+    print(f"{args.shape}: {len(seqs)} sequences, {sum(len(s['ids']) for s in seqs)} tokens, "
+          f"{sum(sum(s['mask']) for s in seqs)} trained, longest {max(len(s['ids']) for s in seqs)}; "
+          f"packed {trainers['new'].packed}, fused head {trainers['new']._fused}", flush=True)
+    # Model FLOPs utilisation by the usual convention: 6 x parameters per trained-over token (forward and
+    # backward; attention's own FLOPs and checkpointing's recompute not counted), over the GPU's dense peak.
+    n_params = sum(p.numel() for p in base.parameters())
+    rows = []
+    for rep in range(args.reps + 1):  # rep 0 warms up (Triton and cuBLAS autotuning)
+        for mode in (("old", "new") if rep % 2 == 0 else ("new", "old")):
+            state = {n: p.detach().clone() for n, p in trainers[mode].model.named_parameters() if p.requires_grad}
+            try:
+                result = update(trainers[mode], seqs)
+            except torch.OutOfMemoryError as e:  # a miss to report, not a crash: the other mode still runs
+                trainers[mode].optimizer.zero_grad(set_to_none=True)
+                result = {"error": "out of memory", "detail": str(e)[:200]}
+                torch.cuda.empty_cache()
+            if "seconds" in result:
+                result["mfu"] = round(6 * n_params * result["tokens"] / result["seconds"] / (args.peak_tflops * 1e12), 4)
+            row = {"shape": args.shape, "rep": rep, "mode": mode, "warmup": rep == 0, **result,
+                   "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
+            with torch.no_grad():  # back to the same weights: every update starts from the same LoRA
+                for n, p in trainers[mode].model.named_parameters():
+                    if n in state:
+                        p.copy_(state[n])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    timed = {m: [r for r in rows if r["mode"] == m and not r["warmup"] and "error" not in r] for m in ("old", "new")}
+    if all(timed.values()):
+        mean = {m: sum(r["seconds"] for r in timed[m]) / len(timed[m]) for m in timed}
+        peak = {m: max(r["peak_gib"] or 0 for r in timed[m]) for m in timed}
+        print(f"mean update: old {mean['old']:.2f} s, new {mean['new']:.2f} s, {mean['old'] / mean['new']:.2f}x; "
+              f"peak old {peak['old']:.1f} GiB, new {peak['new']:.1f} GiB; loss old {timed['old'][0]['loss']:.6g}, "
+              f"new {timed['new'][0]['loss']:.6g}", flush=True)
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
