@@ -11,8 +11,8 @@
     python -m mcp_rl demo          # the whole pipeline on the embedded CPU model, no key, no download
     python -m mcp_rl export --run runs/demo --merged DIR [--gguf FILE --quant q8_0] [--ollama DIR] [--model BASE] [--dtype auto]
 
-Settings come from the Config dataclasses (mcp_rl/config.py): each field is a flag with its own help
-and default (mcp_rl/flags.py), over a base: a preset and --config file (train), the run's config.json
+Settings come from the Config dataclasses (mcp_rl/runs/config.py): each field is a flag with its own help
+and default (mcp_rl/runs/flags.py), over a base: a preset and --config file (train), the run's config.json
 (eval --run), or the defaults. Rollouts offer the agent only read-only tools unless told otherwise:
 --tools a,b (only these, whatever their class), --deny-tools c, --allow-side-effects.
 """
@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import flags
-from .config import PRESETS, Config
-from .environment import environment
-from .environments import DEFAULT
+from mcp_rl.runs import flags
+from mcp_rl.runs.config import PRESETS, Config
+from mcp_rl.environment import environment
+from mcp_rl.environments import DEFAULT
 
 ROLLOUT = flags.flags_of("rollout")  # every RolloutConfig field a flag can set
 EVAL_ROLLOUT = tuple(p for p in ROLLOUT if p != "rollout.temperature") + ("train.eval_temperature",)
@@ -40,7 +40,7 @@ EVAL_ROLLOUT = tuple(p for p in ROLLOUT if p != "rollout.temperature") + ("train
 def _policy(cfg: Config, a: argparse.Namespace):
     """An OpenAI-compatible endpoint policy when --base-url is given, else a local one (flags.local_policy)."""
     if a.base_url:
-        from .policy import OpenAIPolicy
+        from mcp_rl.policies.policy import OpenAIPolicy
 
         return OpenAIPolicy(cfg.model, base_url=a.base_url, timeout=a.timeout,
                             api_key=os.environ.get(a.api_key_env or "OPENAI_API_KEY", "none"))
@@ -55,13 +55,13 @@ def _with_server(cfg: Config, fn):
 
 
 def _scenarios(path: str, split: str, n: int | None) -> list:
-    from .scenarios import load_scenarios
+    from mcp_rl.tasks.scenarios import load_scenarios
 
     return [s for s in load_scenarios(path, split=split) if s.answer is not None][:n]
 
 
 def cmd_tools(a) -> int:
-    from .connect import tools_json, tools_table
+    from mcp_rl.mcp.connect import tools_json, tools_table
 
     cfg = flags.config(a, Config(), trains=False)
 
@@ -73,7 +73,7 @@ def cmd_tools(a) -> int:
 
 
 def cmd_scenarios(a) -> int:
-    from .generate import generate_to_file
+    from mcp_rl.tasks.generate import generate_to_file
 
     cfg = flags.config(a, Config(), trains=False)
     kw = {}
@@ -86,9 +86,9 @@ def cmd_scenarios(a) -> int:
 
 
 def cmd_rollout(a) -> int:
-    from .parts import check_tools
-    from .rollout import rollout, transcript
-    from .scenarios import Scenario
+    from mcp_rl.runs.parts import check_tools
+    from mcp_rl.rollout import rollout, transcript
+    from mcp_rl.tasks.scenarios import Scenario
 
     cfg = flags.config(a, Config(), trains=False)
 
@@ -102,10 +102,10 @@ def cmd_rollout(a) -> int:
 
 
 def cmd_eval(a) -> int:
-    from .audit import TOOL_CALLS, log_tool_calls
-    from .config import run_config
-    from .evaluate import evaluate, save_eval, write_report
-    from .parts import check_tools
+    from mcp_rl.mcp.audit import TOOL_CALLS, log_tool_calls
+    from mcp_rl.runs.config import run_config
+    from mcp_rl.runs.evaluate import evaluate, save_eval, write_report
+    from mcp_rl.runs.parts import check_tools
 
     cfg = flags.config(a, run_config(a.run) if a.run else Config(server=DEFAULT), trains=False)
     # A run's own evaluation: the first train.eval_scenarios of the split (pipeline.load_splits).
@@ -131,8 +131,8 @@ def cmd_eval(a) -> int:
 
 def cmd_audit_reward(a) -> int:
     """Cheating policies through the real loop and reward: exit 1 when one earns more than --max-success."""
-    from .parts import check_tools
-    from .reward_audit import audit_reward
+    from mcp_rl.runs.parts import check_tools
+    from mcp_rl.rewards.reward_audit import audit_reward
 
     cfg = flags.config(a, Config(server=DEFAULT), trains=False)
     scenarios = _scenarios(cfg.scenarios, a.split, a.n)
@@ -155,28 +155,28 @@ def cmd_audit_reward(a) -> int:
 
 def _train_config(a, base: Config) -> Config:
     """base (a preset + --config file), then --set, then the flags typed, then --allow-gameable-reward."""
-    from .config import apply_overrides, with_fields
+    from mcp_rl.runs.config import apply_overrides, with_fields
 
     cfg = flags.config(a, apply_overrides(base, list(a.set or [])))
     return with_fields(cfg, {"reward.audit_max_success": 1.0}) if a.allow_gameable_reward else cfg
 
 
 def cmd_train(a) -> int:
-    from .config import load_config
-    from .unsloth_loader import import_unsloth_if_used
+    from mcp_rl.runs.config import load_config
+    from mcp_rl.policies.unsloth_loader import import_unsloth_if_used
 
     cfg = _train_config(a, load_config(a.config, base=a.preset))
     import_unsloth_if_used(cfg)  # before ART or the trainer import transformers
-    from .runs import run
+    from mcp_rl.runs.run import run
 
     asyncio.run(run(cfg, resume=a.resume))
     return 0
 
 
 def cmd_demo(a) -> int:
-    from .config import preset
-    from .demo import summary  # what the run checked, and what a CPU run cannot show
-    from .runs import run
+    from mcp_rl.runs.config import preset
+    from mcp_rl.runs.demo import summary  # what the run checked, and what a CPU run cannot show
+    from mcp_rl.runs.run import run
 
     if "out" not in flags.given(a):
         a = argparse.Namespace(**vars(a), **{"cfg:out": f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"})
@@ -188,10 +188,10 @@ def cmd_demo(a) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    """Every command; their flags for Config fields come from mcp_rl/flags.py."""
-    from .export_command import add_export_parser
-    from .serve import add_serve_parser
-    from .workers import add_worker_parser
+    """Every command; their flags for Config fields come from mcp_rl/runs/flags.py."""
+    from mcp_rl.ship.export_command import add_export_parser
+    from mcp_rl.ship.serve import add_serve_parser
+    from mcp_rl.scale.workers import add_worker_parser
 
     p = argparse.ArgumentParser(prog="python -m mcp_rl", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -221,7 +221,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--max-answer-share", type=float, default=0.02,
                     help="most of a split's verified tasks one constant answer may pass (at least one task "
-                         "per value); scenarios over it are dropped (mcp_rl/balance.py)")
+                         "per value); scenarios over it are dropped (mcp_rl/tasks/balance.py)")
     sp.add_argument("--model", default="openai/gpt-4.1-mini", help="generator model (llm)")
     sp.add_argument("--base-url", default="https://openrouter.ai/api/v1", help="generator endpoint (llm)")
     sp.add_argument("--api-key-env", default="OPENROUTER_API_KEY")

@@ -34,7 +34,7 @@ class Environment:
     server_tools: list[str] | None = None  # the only tools offered (None: the Config's setting)
     rewards: list = field(default_factory=list)  # (name, fn(trajectory, scenario) -> float, weight), as RewardConfig.custom
     plan: Callable[[Any], list[dict]] | None = None  # a task's demonstration: its tool calls, then complete_task
-    worlds: Callable[[], Any] | None = None  # counterfactual worlds (mcp_rl.counterfactual) for replaying lookups
+    worlds: Callable[[], Any] | None = None  # counterfactual worlds (mcp_rl.rewards.counterfactual) for replaying lookups
     templates: Callable[..., Any] | None = None  # async (session, sql_tool) -> grounded question templates
 
     def __post_init__(self) -> None:
@@ -42,7 +42,7 @@ class Environment:
             raise ValueError(f"an Environment needs a name (a short label for reports), got {self.name!r}")
         if self.server is None and not self.command:
             raise ValueError(f"environment {self.name!r} needs a server (a spec) or a command that serves it over HTTP")
-        from .rewards import check_custom
+        from mcp_rl.rewards.score import check_custom
 
         self.rewards = [check_custom(item, i) for i, item in enumerate(self.rewards or [])]
 
@@ -56,7 +56,7 @@ class Environment:
         {'url': 'http://127.0.0.1:9/mcp', 'token': 't'}
         """
         if self.command:
-            from .launch import HttpServer
+            from mcp_rl.mcp.launch import HttpServer
 
             with HttpServer(self.command, token=token) as started:
                 yield started.spec
@@ -67,7 +67,7 @@ class Environment:
 
     def start(self, token: str | None = None):
         """For notebooks: the server started now and kept up across cells (`.spec`, `.alive`, `.stop()`)."""
-        from .launch import HttpServer, Running
+        from mcp_rl.mcp.launch import HttpServer, Running
 
         return HttpServer(self.command, token=token).start() if self.command else Running(self.server)
 
@@ -89,11 +89,11 @@ class Environment:
         return cfg
 
     def demonstrations(self, scenarios, tokenizer: Any = None):
-        """A policy that plays `plan` for each of `scenarios` (mcp_rl.policy.DemonstrationPolicy), or None
+        """A policy that plays `plan` for each of `scenarios` (mcp_rl.policies.policy.DemonstrationPolicy), or None
         when this environment has no plan or a scenario has nothing to demonstrate."""
         if self.plan is None:
             return None
-        from .policy import DemonstrationPolicy
+        from mcp_rl.policies.policy import DemonstrationPolicy
 
         return DemonstrationPolicy(scenarios, self.plan, tokenizer=tokenizer)
 
@@ -108,7 +108,7 @@ def environment(spec: Any) -> Environment:
     the spec wrapped as it is (a stdio command, a URL, a dict, a FastMCP object)."""
     if isinstance(spec, Environment):
         return spec
-    from .environments import recognise
+    from mcp_rl.environments import recognise
 
     found = recognise(spec)
     if found is not None:

@@ -10,9 +10,9 @@ counted; only a short list of fatal conditions ends a rollout early, marked
 `fatal` with a reason: the policy endpoint down after retries, a context
 overflow, a dead server, the rollout's own wall-clock limit.
 
-Which server tools the agent sees is `cfg.tool_policy`'s (`mcp_rl.guard.ToolPolicy`; by default
+Which server tools the agent sees is `cfg.tool_policy`'s (`mcp_rl.mcp.guard.ToolPolicy`; by default
 read-only tools only): a server with tools that have side effects raises `SideEffectsRefused`
-before any rollout runs, not a batch of failed ones. Inside `mcp_rl.audit.log_tool_calls(path)`
+before any rollout runs, not a batch of failed ones. Inside `mcp_rl.mcp.audit.log_tool_calls(path)`
 every server tool call is appended to that log.
 """
 
@@ -27,12 +27,12 @@ from typing import Any
 import art
 from tqdm.auto import tqdm
 
-from .audit import record_tool_call
-from .connect import ServerUnavailable, ToolSession
-from .evidence import record_lookup
-from .guard import ToolPolicy, ToolPolicyError
-from .policy import ContextOverflow, PolicyError, find_tool_calls
-from .quote import short
+from mcp_rl.mcp.audit import record_tool_call
+from mcp_rl.mcp.connect import ServerUnavailable, ToolSession
+from mcp_rl.rewards.evidence import record_lookup
+from mcp_rl.mcp.guard import ToolPolicy, ToolPolicyError
+from mcp_rl.policies.policy import ContextOverflow, PolicyError, find_tool_calls
+from mcp_rl.quote import short
 
 COMPLETE_TOOL_NAME = "complete_task"
 COMPLETE_TOOL: dict = {

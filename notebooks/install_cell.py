@@ -43,7 +43,7 @@ IMPORTS = {
     "cpu": ["numpy", "torch", "transformers", "peft", "accelerate", "gguf", "art", "fastmcp", "litellm",
             "matplotlib", "mcp_rl"],
 }
-STAMP = ".colab-installed"  # "<stack> <gpu>": mcp_rl/parts.py refuses a config the installed stack cannot train
+STAMP = ".colab-installed"  # "<stack> <gpu>": mcp_rl/runs/parts.py refuses a config the installed stack cannot train
 
 
 def sh(*cmd: str) -> str:

@@ -97,9 +97,9 @@ def tiny_trainer():
     """`tiny_trainer(cfg, **trainer_kw)`: a PortableTrainer over a random 2-layer Llama with SmolLM2's
     tokenizer, the same weights each call (seed 0). Shaped like `parts.build_trainer`, so tests
     patch it in; it exercises the plumbing and learns nothing worth a claim."""
-    from mcp_rl.local_policy import LocalPolicy
-    from mcp_rl.models import load_local_tokenizer, tiny_llama
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.policies.local_policy import LocalPolicy
+    from mcp_rl.policies.models import load_local_tokenizer, tiny_llama
+    from mcp_rl.training.portable import PortableTrainer
 
     tok = load_local_tokenizer()
 

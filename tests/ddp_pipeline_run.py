@@ -16,9 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from mcp_rl import distributed, parts, runs  # noqa: E402
-from mcp_rl.callbacks import TrainerCallback  # noqa: E402
-from mcp_rl.config import apply_overrides, preset  # noqa: E402
+from mcp_rl.scale import distributed  # noqa: E402
+from mcp_rl.runs import parts  # noqa: E402
+from mcp_rl.runs import run as runs  # noqa: E402
+from mcp_rl.runs.callbacks import TrainerCallback  # noqa: E402
+from mcp_rl.runs.config import apply_overrides, preset  # noqa: E402
 
 
 class DieAt(TrainerCallback):
@@ -39,9 +41,9 @@ class DieAt(TrainerCallback):
 
 
 def build(cfg):
-    from mcp_rl.local_policy import LocalPolicy
-    from mcp_rl.models import load_local_tokenizer, tiny_llama
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.policies.local_policy import LocalPolicy
+    from mcp_rl.policies.models import load_local_tokenizer, tiny_llama
+    from mcp_rl.training.portable import PortableTrainer
 
     tok = load_local_tokenizer()
     policy = LocalPolicy(tiny_llama(tok), tok, name="tiny")

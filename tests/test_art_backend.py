@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/art_backend.py, on CPU up to the GPU boundary.
+"""Tests for mcp_rl/training/art_backend.py, on CPU up to the GPU boundary.
 
 The pinned ART's signatures that ARTTrainer calls are checked here, so an ART bump that would
 break the Colab run fails CI. `RecordingBackend` stands in for ART's GPU service (vLLM + Unsloth):
@@ -19,7 +19,7 @@ from pathlib import Path
 import art
 import pytest
 
-from mcp_rl.art_backend import QWEN_3B, ARTTrainer, art_train, check_art_settings, t4_internal_config
+from mcp_rl.training.art_backend import QWEN_3B, ARTTrainer, art_train, check_art_settings, t4_internal_config
 
 ART_DIR = Path(importlib.util.find_spec("art").submodule_search_locations[0])
 
@@ -218,7 +218,7 @@ async def test_only_zero_variance_groups_reach_no_training(tmp_path):
 
 
 async def test_policy_samples_from_the_registered_model():
-    pytest.importorskip("mcp_rl.policy")
+    pytest.importorskip("mcp_rl.policies.policy")
     trainer = await ARTTrainer("agent-007").register(RecordingBackend())
     policy = trainer.policy
     assert policy.model_name == trainer.model.get_inference_name() == "agent-007"
@@ -249,8 +249,8 @@ def test_save_then_load_restores_the_step(tmp_path):
 
 def test_save_writes_a_manifest_that_hashes_arts_own_lora(tmp_path):
     """ART saves its LoRA itself; the step folder records where (art_trainer.json) and its manifest hashes both,
-    so a resume checks ART's files too (mcp_rl.parts.Trainer: `save` writes the manifest)."""
-    from mcp_rl.manifest import CheckpointCorrupt, verify_manifest
+    so a resume checks ART's files too (mcp_rl.runs.parts.Trainer: `save` writes the manifest)."""
+    from mcp_rl.training.manifest import CheckpointCorrupt, verify_manifest
 
     trainer = ARTTrainer("agent-001", art_path=tmp_path / ".art")
     trainer.step = 1

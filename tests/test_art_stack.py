@@ -4,7 +4,7 @@ The Colab 'art' install pins transformers 4.53.2 (openpipe-art[backend] 0.4.11, 
 names the dtype argument `torch_dtype`; CI's venv has transformers 5. This test installs that stack's
 transformers, tokenizers, huggingface_hub, peft and accelerate (the versions the Colab set resolves
 to; test_packaging checks they still do) into a folder, and in a subprocess that imports them first,
-merges a LoRA with `mcp_rl.export.merge_adapter`, checks the merged logits, and writes it as GGUF
+merges a LoRA with `mcp_rl.ship.export.merge_adapter`, checks the merged logits, and writes it as GGUF
 (notebook 01's export cell). Needs PyPI (~15 MB).
 Run: pytest tests/test_art_stack.py
 """
@@ -26,8 +26,8 @@ SCRIPT = textwrap.dedent("""
     assert transformers.__version__ == sys.argv[2], transformers.__version__
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from mcp_rl.export import merge_adapter
-    from mcp_rl.gguf_export import gguf_summary, write_gguf
+    from mcp_rl.ship.export import merge_adapter
+    from mcp_rl.ship.gguf_export import gguf_summary, write_gguf
 
     root = sys.argv[1]
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", *"abcdefghijklmnopqrstuvwxyz"])}

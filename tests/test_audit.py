@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/audit.py: the tool-call log rollouts append to, its reader, its report table.
+"""Tests for mcp_rl/mcp/audit.py: the tool-call log rollouts append to, its reader, its report table.
 
 Run: .venv/bin/python -m pytest tests/test_audit.py -q
 An in-process FastMCP server and a scripted policy; the run-folder path (evaluations, warm
@@ -12,11 +12,11 @@ import json
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 
-from mcp_rl.audit import ARG_CHARS, log_tool_calls, read_tool_calls, record_tool_call, tool_call_table
-from mcp_rl.evaluate import EvalResult, write_report
-from mcp_rl.policy import ScriptedPolicy, play
+from mcp_rl.mcp.audit import ARG_CHARS, log_tool_calls, read_tool_calls, record_tool_call, tool_call_table
+from mcp_rl.runs.evaluate import EvalResult, write_report
+from mcp_rl.policies.policy import ScriptedPolicy, play
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts
-from mcp_rl.scenarios import Scenario
+from mcp_rl.tasks.scenarios import Scenario
 
 READ_ONLY = {"readOnlyHint": True}
 

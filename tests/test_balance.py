@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/balance.py: no constant answer passes over the cap of a split.
+"""Tests for mcp_rl/tasks/balance.py: no constant answer passes over the cap of a split.
 
     .venv/bin/python -m pytest tests/test_balance.py -q
 
@@ -14,10 +14,10 @@ import random
 
 import pytest
 
-from mcp_rl.balance import (AnswerCap, answer_balance, answer_cap, balance_answers, balance_priors, balance_report,
+from mcp_rl.tasks.balance import (AnswerCap, answer_balance, answer_cap, balance_answers, balance_priors, balance_report,
                             balance_splits)
-from mcp_rl.scenarios import Scenario
-from mcp_rl.verify import verify_answer
+from mcp_rl.tasks.scenarios import Scenario
+from mcp_rl.rewards.verify import verify_answer
 
 FULL = 0.999  # evaluate.SUCCESS: what counts as verified success
 
@@ -105,7 +105,7 @@ def test_balance_answers_is_deterministic_and_order_free():
 
 def test_balance_answers_logs_what_it_dropped(caplog):
     scenarios = tasks([1] * 4 + ["Sales"] * 3 + [7])
-    with caplog.at_level(logging.INFO, logger="mcp_rl.balance"):
+    with caplog.at_level(logging.INFO, logger="mcp_rl.tasks.balance"):
         kept = balance_answers(scenarios, 0.02)
     assert sorted(s.answer for s in kept if s.answer != "Sales") == [1, 7] and len(kept) == 3
     assert "dropped 5" in caplog.text and "'1' x3" in caplog.text and "'Sales' x2" in caplog.text
@@ -125,7 +125,7 @@ def test_balance_report_is_per_split():
 
 def _memorised(scenarios, k=3):
     """Held-out tasks that one of their k nearest training tasks' answers passes (what balance_priors caps)."""
-    from mcp_rl.verify import normalize
+    from mcp_rl.rewards.verify import normalize
     train = [s for s in scenarios if s.split == "train"]
     out = []
     for s in scenarios:
@@ -154,7 +154,7 @@ def test_balance_priors_caps_held_out_tasks_a_memorised_answer_passes():
 
 def test_the_committed_tasks_pass_both_caps():
     from pathlib import Path
-    from mcp_rl.scenarios import load_scenarios
+    from mcp_rl.tasks.scenarios import load_scenarios
     scenarios = load_scenarios(Path(__file__).resolve().parents[1] / "data" / "scenarios.jsonl")
     for split in ("val", "test"):
         held = [s for s in scenarios if s.split == split]

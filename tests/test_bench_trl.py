@@ -20,7 +20,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "speed" / "bench_trl.
 
 @pytest.mark.slow
 def test_tiny_run_writes_both_rows_with_the_same_objective(tmp_path):
-    from mcp_rl.local_policy import load_local_tokenizer
+    from mcp_rl.policies.local_policy import load_local_tokenizer
 
     load_local_tokenizer().save_pretrained(tmp_path / "tok")
     spec = importlib.util.spec_from_file_location("bench_trl", BENCH)

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/callbacks.py: a run extended through callbacks, never by rebinding library functions.
+"""Tests for mcp_rl/runs/callbacks.py: a run extended through callbacks, never by rebinding library functions.
 
 The time budget and deadline (`Deadline`) are checked on a stand-in run; the whole `mcp_rl.run` with a
 callback that stops and pauses it runs the real loop (company server in memory) with a scripted policy
@@ -12,9 +12,9 @@ from types import SimpleNamespace as NS
 import pytest
 
 from mcp_rl.environments.company import PLAN
-from mcp_rl.callbacks import Deadline, TrainerCallback
-from mcp_rl.config import apply_overrides, preset
-from mcp_rl.run_folder import _LOADED
+from mcp_rl.runs.callbacks import Deadline, TrainerCallback
+from mcp_rl.runs.config import apply_overrides, preset
+from mcp_rl.runs.run_folder import _LOADED
 
 
 def stand_in_run(step, steps, seconds=()):
@@ -49,7 +49,7 @@ def test_the_deadline_never_cuts_a_run_that_has_no_step_left():
 
 
 def test_the_config_installs_and_records_its_deadline(tmp_path):
-    from mcp_rl.runs import open_run
+    from mcp_rl.runs.run import open_run
 
     cfg = apply_overrides(preset("cpu"), [f"out={tmp_path / 'run'}", "train.deadline_s=560", "train.train_budget_s=900",
                                           "train.pause_at_deadline=true"])
@@ -65,13 +65,13 @@ def test_the_config_installs_and_records_its_deadline(tmp_path):
 
 
 class Demonstrator:
-    """A Trainer (mcp_rl.parts.Trainer) whose policy plays the verified demonstrations: every group ties,
+    """A Trainer (mcp_rl.runs.parts.Trainer) whose policy plays the verified demonstrations: every group ties,
     so no update is asked for, and nothing loads."""
 
     step, sft_steps = 0, 0
 
     def __init__(self, scenarios):
-        from mcp_rl.policy import DemonstrationPolicy
+        from mcp_rl.policies.policy import DemonstrationPolicy
 
         self.policy = DemonstrationPolicy(scenarios, PLAN)
 
@@ -113,9 +113,9 @@ class PauseAfter(TrainerCallback):
 
 
 async def test_a_callback_stops_and_pauses_a_run_that_resumes_to_its_end(tmp_path, monkeypatch):
-    from mcp_rl import parts
-    from mcp_rl.pipeline import load_splits
-    from mcp_rl.runs import run
+    from mcp_rl.runs import parts
+    from mcp_rl.runs.pipeline import load_splits
+    from mcp_rl.runs.run import run
 
     monkeypatch.setattr(parts, "build_trainer", lambda cfg: pytest.fail("the run built a trainer of its own"))
     cfg = apply_overrides(preset("cpu"), [

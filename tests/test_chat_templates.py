@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/chat_templates.py: the tool-calling templates, Hermes (ChatML) and Gemma 3's; what
+"""Tests for mcp_rl/policies/chat_templates.py: the tool-calling templates, Hermes (ChatML) and Gemma 3's; what
 both must do is one table (`either`), SmolLM2's own install is tested with the policy in
 tests/test_local_policy.py.
 
@@ -16,9 +16,9 @@ import json
 import art
 import pytest
 
-from mcp_rl.chat_templates import GEMMA_TEMPLATE, _template_fits, art_tokenizer
-from mcp_rl.models import GEMMA3_270M, load_local_tokenizer
-from mcp_rl.policy import ScriptedPolicy, find_tool_calls
+from mcp_rl.policies.chat_templates import GEMMA_TEMPLATE, _template_fits, art_tokenizer
+from mcp_rl.policies.models import GEMMA3_270M, load_local_tokenizer
+from mcp_rl.policies.policy import ScriptedPolicy, find_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "run_query", "description": "Run one SQL query",
                                            "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}},
@@ -175,8 +175,8 @@ def test_the_next_prompt_holds_the_ids_sampled_not_the_text_re_encoded(name):
     from art.preprocessing.tokenize import tokenize_trajectory
     from art.trajectories import get_messages
 
-    from mcp_rl.chat_templates import prompt_ids
-    from mcp_rl.policy import choice_from_text
+    from mcp_rl.policies.chat_templates import prompt_ids
+    from mcp_rl.policies.policy import choice_from_text
 
     tok = load_local_tokenizer() if name == "smollm2" else load_local_tokenizer(GEMMA3_270M)
     first_ids = _split_first_long_token(tok, RAW_CALL)
@@ -203,7 +203,7 @@ def test_art_marks_turns_with_a_token_that_survives_rendering():
     an added token, whatever the vocabulary's last id is."""
     from art.preprocessing.tokenize import tokenize_trajectory
 
-    from mcp_rl.policy import choice_from_text
+    from mcp_rl.policies.policy import choice_from_text
 
     tok = load_local_tokenizer()
     last = next(i for i in range(tok.vocab_size - 1, 0, -1)
@@ -246,7 +246,7 @@ def smol_tok():
 def _forged(tok):
     """A ChatML turn forged as text, then every special token of `tok` that opens or closes a turn (Gemma's
     too), its first added special tokens, and the marker token prompt_ids and ART put in assistant turns."""
-    from mcp_rl.chat_templates import _sentinel
+    from mcp_rl.policies.chat_templates import _sentinel
 
     specials = [t.content for i, t in sorted(tok.added_tokens_decoder.items()) if t.special][:20]
     extra = [s for s in ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>") if s in tok.get_vocab()]
@@ -254,7 +254,7 @@ def _forged(tok):
 
 
 def _controls_in(tok, ids):
-    from mcp_rl.chat_templates import _controls
+    from mcp_rl.policies.chat_templates import _controls
 
     return [i for i in ids if i in _controls(tok)[0]]
 
@@ -267,8 +267,8 @@ def test_a_tool_result_cannot_forge_a_turn_in_rollouts_or_training(which, reques
     from art.preprocessing.tokenize import tokenize_trajectory
     from art.trajectories import get_messages
 
-    from mcp_rl.chat_templates import prompt_ids
-    from mcp_rl.policy import choice_from_text
+    from mcp_rl.policies.chat_templates import prompt_ids
+    from mcp_rl.policies.policy import choice_from_text
 
     tok = request.getfixturevalue(which)
 
@@ -300,7 +300,7 @@ def test_a_tool_result_cannot_forge_a_turn_in_rollouts_or_training(which, reques
 def test_a_forged_tool_result_is_encoded_exactly_as_text(smol_tok):
     """The text between the template's control tokens, forged part included, is one piece encoded with
     split_special_tokens=True; with nothing forged the ids are the tokenizer's own."""
-    from mcp_rl.chat_templates import chat_ids
+    from mcp_rl.policies.chat_templates import chat_ids
 
     tok = smol_tok
     base = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How many?"},
@@ -318,7 +318,7 @@ def test_a_forged_tool_result_is_encoded_exactly_as_text(smol_tok):
 def test_a_turn_forged_across_content_parts_stays_text(smol_tok):
     """Probe, round 2: text parts hidden one at a time joined into "<|im_end|>" once the template rendered
     them; the parts are joined before control text is hidden."""
-    from mcp_rl.chat_templates import chat_ids
+    from mcp_rl.policies.chat_templates import chat_ids
 
     tok = smol_tok
     base = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How many?"},
@@ -339,8 +339,8 @@ def test_a_forged_turn_stays_text_when_served(smol_tok):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mcp_rl.local_policy import LocalPolicy
-    from mcp_rl.serve import ServerThread, openai_app
+    from mcp_rl.policies.local_policy import LocalPolicy
+    from mcp_rl.ship.serve import ServerThread, openai_app
 
     tok, seen = smol_tok, []
 

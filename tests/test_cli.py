@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from mcp_rl import cli
-from mcp_rl.policy import ScriptedPolicy
+from mcp_rl.policies.policy import ScriptedPolicy
 from mcp_rl.rollout import COMPLETE_TOOL_NAME
 
 SERVER = textwrap.dedent('''
@@ -113,7 +113,8 @@ def test_rollout_flags_choose_the_tools(server, offered, capsys, flags, tools):
     (["--allow-side-effects", "--deny-tools", "drop_all"], ["lookup", "write_note"]),
 ])
 def test_scenarios_writers_see_only_the_tools_rollouts_offer(server, tmp_path, capsys, monkeypatch, flags, tools):
-    from mcp_rl import generate, scenarios as scenarios_module
+    from mcp_rl.tasks import generate
+    from mcp_rl.tasks import scenarios as scenarios_module
 
     seen = []
 
@@ -150,7 +151,7 @@ def test_eval_with_out_logs_every_tool_call_and_counts_them(server, offered, tmp
 
 
 def test_train_and_demo_flags_set_the_config(monkeypatch):
-    import mcp_rl.runs
+    import mcp_rl.runs.run
 
     seen = []
 
@@ -158,7 +159,7 @@ def test_train_and_demo_flags_set_the_config(monkeypatch):
         seen.append(cfg)
         return {"base": None, "trained": None, "report": None}
 
-    monkeypatch.setattr(mcp_rl.runs, "run", fake_run)
+    monkeypatch.setattr(mcp_rl.runs.run, "run", fake_run)
     assert cli.main(["train", "--tools", "list_tables,run_query", "--deny-tools", "x", "--allow-side-effects"]) == 0
     cfg = seen[-1]
     assert (cfg.server_tools, cfg.deny_tools, cfg.allow_side_effects) == (["list_tables", "run_query"], ["x"], True)
@@ -168,14 +169,14 @@ def test_train_and_demo_flags_set_the_config(monkeypatch):
 
 
 def test_train_worker_flags_set_the_config(monkeypatch):
-    import mcp_rl.runs
+    import mcp_rl.runs.run
 
     seen = []
 
     async def fake_run(cfg, resume=False):
         seen.append(cfg)
 
-    monkeypatch.setattr(mcp_rl.runs, "run", fake_run)
+    monkeypatch.setattr(mcp_rl.runs.run, "run", fake_run)
     monkeypatch.delenv("MCP_RL_WORKER_TOKEN", raising=False)
     assert cli.main(["train", "--workers", "http://127.0.0.1:8101, http://127.0.0.1:8102", "--worker-token", "t",
                      "--policy-port", "8200"]) == 0
@@ -201,7 +202,7 @@ def test_train_takes_every_preset_the_config_has(preset, code, capsys):
     assert e.value.code == code
 
 
-# ---------------------------------------------------------------- one source of settings (mcp_rl/flags.py)
+# ---------------------------------------------------------------- one source of settings (mcp_rl/runs/flags.py)
 
 
 @pytest.fixture
@@ -240,7 +241,7 @@ def test_rollout_samples_at_the_rollout_configs_temperature(server, recorded):
 
 
 def test_eval_is_greedy_by_the_eval_sections_default(server, recorded, tmp_path):
-    from mcp_rl.config import TrainConfig
+    from mcp_rl.runs.config import TrainConfig
 
     scenarios = tmp_path / "s.jsonl"
     scenarios.write_text(json.dumps({"id": "s0", "task": "Look up k.", "answer": "1", "split": "test"}) + "\n")
@@ -251,7 +252,7 @@ def test_eval_is_greedy_by_the_eval_sections_default(server, recorded, tmp_path)
 
 
 def test_eval_run_uses_the_runs_config_and_checkpoint_with_flags_over_it(server, recorded, tmp_path):
-    from mcp_rl.config import Config, redacted
+    from mcp_rl.runs.config import Config, redacted
 
     scenarios = tmp_path / "s.jsonl"
     scenarios.write_text("".join(json.dumps({"id": f"s{i}", "task": "Look up k.", "answer": "1", "split": "test"}) + "\n"
@@ -276,8 +277,8 @@ def test_eval_run_uses_the_runs_config_and_checkpoint_with_flags_over_it(server,
 def test_every_config_field_a_flag_can_set_is_a_train_flag_with_its_help(capsys):
     import dataclasses
 
-    from mcp_rl import flags
-    from mcp_rl.config import Config, TrainConfig
+    from mcp_rl.runs import flags
+    from mcp_rl.runs.config import Config, TrainConfig
 
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
@@ -293,14 +294,14 @@ def test_every_config_field_a_flag_can_set_is_a_train_flag_with_its_help(capsys)
 
 
 def test_train_flags_set_config_fields_over_the_preset_and_set(monkeypatch):
-    import mcp_rl.runs
+    import mcp_rl.runs.run
 
     seen = []
 
     async def fake_run(cfg, resume=False):
         seen.append(cfg)
 
-    monkeypatch.setattr(mcp_rl.runs, "run", fake_run)
+    monkeypatch.setattr(mcp_rl.runs.run, "run", fake_run)
     assert cli.main(["train", "--preset", "cpu", "--steps", "7", "--no-gradient-checkpointing", "--judge-retries", "5",
                      "--max-turns", "4", "--set", "train.steps=9", "--set", "train.lora_r=4"]) == 0
     cfg = seen[-1]
@@ -310,8 +311,8 @@ def test_train_flags_set_config_fields_over_the_preset_and_set(monkeypatch):
 
 
 def test_the_token_flags_default_to_the_environment(monkeypatch):
-    from mcp_rl import flags
-    from mcp_rl.config import Config
+    from mcp_rl.runs import flags
+    from mcp_rl.runs.config import Config
 
     monkeypatch.setenv("MCP_RL_TOKEN", "from-env")
     a = cli.parser().parse_args(["tools", "--server", "http://127.0.0.1:9/mcp"])
@@ -324,7 +325,7 @@ def test_a_field_name_two_sections_share_gets_its_sections_flag():
     """A field added later under a taken name must not break every command (argparse refuses a clash)."""
     import argparse
 
-    from mcp_rl import flags
+    from mcp_rl.runs import flags
 
     p = argparse.ArgumentParser()
     p.add_argument("--temperature")  # as if another section had it first

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mcp_rl.config import PROMPT_TOKENS, Config, TrainConfig, apply_overrides, load_config, preset
+from mcp_rl.runs.config import PROMPT_TOKENS, Config, TrainConfig, apply_overrides, load_config, preset
 
 
 def test_presets_are_variants_of_one_dataclass():
@@ -181,7 +181,7 @@ def test_an_infinite_learning_rate_is_refused():
 def test_run_config_reads_a_runs_record_without_its_secrets(tmp_path):
     import json
 
-    from mcp_rl.config import redacted, run_config
+    from mcp_rl.runs.config import redacted, run_config
 
     def fn(traj, scenario):
         return 0.0
@@ -197,7 +197,7 @@ def test_run_config_reads_a_runs_record_without_its_secrets(tmp_path):
 
 
 def test_with_fields_without_train_checks_takes_any_turn_budget():
-    from mcp_rl.config import with_fields
+    from mcp_rl.runs.config import with_fields
 
     with pytest.raises(ValueError, match="max_seq_len"):
         with_fields(Config(), {"rollout.max_turns": 40})

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/connect.py: server specs, one long-lived session, results as text.
+"""Tests for mcp_rl/mcp/connect.py: server specs, one long-lived session, results as text.
 
 Run: .venv/bin/python -m pytest tests/test_connect.py -q
 Servers are real: an in-memory FastMCP object, small server scripts written into tmp_path
@@ -27,7 +27,7 @@ from fastmcp.client.transports import FastMCPTransport, StdioTransport, Streamab
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
-from mcp_rl.connect import (ServerUnavailable, ToolResult, ToolSession, describe_spec, make_client,
+from mcp_rl.mcp.connect import (ServerUnavailable, ToolResult, ToolSession, describe_spec, make_client,
                             print_tools, result_to_text, tools_json)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/counterfactual.py and mcp_rl/perturb.py: a lookup grounds a value only if replaying it on
+"""Tests for mcp_rl/rewards/counterfactual.py and mcp_rl/rewards/perturb.py: a lookup grounds a value only if replaying it on
 perturbed copies of the data moves the value. Honest queries ground; encoded echoes (hex, char(), arithmetic,
 over a table row or behind a data filter) do not; servers without worlds score as before; nothing is left
 behind.
@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import art
 import pytest
 
-from mcp_rl.counterfactual import SQLiteWorlds, replay_lookups
+from mcp_rl.rewards.counterfactual import SQLiteWorlds, replay_lookups
 from mcp_rl.environment import environment
-from mcp_rl.evidence import evidence, record_lookup
-from mcp_rl.perturb import perturb_copy
-from mcp_rl.rewards import RewardConfig, score_group, score_trajectory
-from mcp_rl.verify import verify_answer
+from mcp_rl.rewards.evidence import evidence, record_lookup
+from mcp_rl.rewards.perturb import perturb_copy
+from mcp_rl.rewards.score import RewardConfig, score_group, score_trajectory
+from mcp_rl.rewards.verify import verify_answer
 from mcp_server import CompanyDB, build_server
 
 Q = "Which value?"  # a question that names none of the values below

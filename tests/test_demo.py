@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/demo.py: the lines `python -m mcp_rl demo` (`make demo`) ends with.
+"""Tests for mcp_rl/runs/demo.py: the lines `python -m mcp_rl demo` (`make demo`) ends with.
 
 A 2-step CPU run cannot show learning: its last lines must say what it checked (every stage, the
 tool-call format, verified and, where recorded, grounded success) and what it cannot show, so that
@@ -10,7 +10,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from mcp_rl import cli
-from mcp_rl.demo import summary
+from mcp_rl.runs.demo import summary
 
 CFG = NS(train=NS(steps=2, groups_per_step=2, group_size=4, warm_start_scenarios=32))
 
@@ -41,12 +41,12 @@ def test_the_demo_says_what_it_checked_and_what_it_cannot_show(base, trained, sa
 
 
 def test_the_demo_command_ends_with_the_summary(monkeypatch, capsys, tmp_path):
-    import mcp_rl.runs
+    import mcp_rl.runs.run
 
     async def fake_run(cfg, resume=False):  # the pipeline itself: tests/test_pipeline.py, test_runs.py
         return {"base": result(0.0, 0.0), "trained": result(0.0, 0.92), "report": tmp_path / "report.md"}
 
-    monkeypatch.setattr(mcp_rl.runs, "run", fake_run)
+    monkeypatch.setattr(mcp_rl.runs.run, "run", fake_run)
     assert cli.main(["demo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "What this CPU run checked:" in out and "What it cannot show" in out

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/distributed.py and bench/checks/check_ddp.py: 2 gloo ranks train the LoRA 1 process trains
+"""Tests for mcp_rl/scale/distributed.py and bench/checks/check_ddp.py: 2 gloo ranks train the LoRA 1 process trains
 on the union of their batches, and a rank that dies ends the others with a clear error.
 
 Real processes on 127.0.0.1 (gloo), a tiny random Llama with SmolLM2's tokenizer: about 20 s each
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_rl import distributed
+from mcp_rl.scale import distributed
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "checks" / "check_ddp.py"
 
@@ -27,7 +27,7 @@ def bench():
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from mcp_rl.local_policy import load_local_tokenizer
+    from mcp_rl.policies.local_policy import load_local_tokenizer
 
     path = tmp_path_factory.mktemp("tok")
     load_local_tokenizer().save_pretrained(path)
@@ -77,7 +77,7 @@ RUNNER = Path(__file__).resolve().parent / "ddp_pipeline_run.py"
 def torchrun(out, steps, *extra):
     import subprocess
 
-    from mcp_rl.launch import free_port
+    from mcp_rl.mcp.launch import free_port
 
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(RUNNER), str(out), str(steps), *extra]
@@ -139,7 +139,7 @@ def test_check_same_reports_bitwise_identity_and_raises_past_its_tolerance(tmp_p
 
     import torch.multiprocessing as mp
 
-    from mcp_rl.launch import free_port
+    from mcp_rl.mcp.launch import free_port
 
     mp.spawn(_check_same_rank, args=(free_port(), offset, str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):

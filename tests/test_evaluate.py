@@ -5,13 +5,13 @@ import math
 
 import pytest
 
-from mcp_rl.evaluate import (
+from mcp_rl.runs.evaluate import (
     TRANSCRIPT_CHARS, EvalResult, _pass_at_k, clip, compare_transcripts, evaluate, load_eval, pick_scenarios, save_eval,
     summarize, write_report,
 )
-from mcp_rl.policy import ScriptedPolicy, tool_call_text
+from mcp_rl.policies.policy import ScriptedPolicy, tool_call_text
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig
-from mcp_rl.scenarios import Scenario
+from mcp_rl.tasks.scenarios import Scenario
 
 
 def row(sid, verified, **kw):

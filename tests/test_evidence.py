@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/evidence.py: what counts as evidence, lookups recorded by the real rollout loop,
+"""Tests for mcp_rl/rewards/evidence.py: what counts as evidence, lookups recorded by the real rollout loop,
 and the hack monitor's numbers and flags.
 
     .venv/bin/python -m pytest tests/test_evidence.py -q
@@ -10,10 +10,10 @@ import json
 import art
 import pytest
 
-from mcp_rl.evidence import evidence, flags, hack_signals, lookups, monitor, record_lookup
-from mcp_rl.policy import ScriptedPolicy, play
+from mcp_rl.rewards.evidence import evidence, flags, hack_signals, lookups, monitor, record_lookup
+from mcp_rl.policies.policy import ScriptedPolicy, play
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, rollout
-from mcp_rl.scenarios import Scenario
+from mcp_rl.tasks.scenarios import Scenario
 from mcp_server import build_server
 
 
@@ -77,7 +77,7 @@ def test_a_sudden_rise_is_flagged_and_a_steady_one_is_not():
 
 
 def test_evidence_carries_the_counterfactual_record():
-    """With a replay record (mcp_rl.counterfactual), each result carries what its worlds showed; a kept result
+    """With a replay record (mcp_rl.rewards.counterfactual), each result carries what its worlds showed; a kept result
     that was not replayed carries none (it grounds nothing); counterfactual=False reads the record as absent."""
     t = traj(calls=[("q", {"sql": "a"}, TABLE), ("q", {"sql": "b"}, "n\n--\n8\n(1 row)")])
     assert evidence(t) == [("7", '{"sql": "a"}'), ("8", '{"sql": "b"}')]

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/export.py (and `python -m mcp_rl export`): finding a run's LoRA in every layout
+"""Tests for mcp_rl/ship/export.py (and `python -m mcp_rl export`): finding a run's LoRA in every layout
 and merging it, on a tiny random Llama saved to tmp_path (CPU, seconds; the embedded model's tokenizer).
 
     .venv/bin/python -m pytest tests/test_export.py -q
@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.utils.quantization_config import QuantizationMethod
 
 from mcp_rl import cli
-from mcp_rl.export import _unquantized, find_adapter, load_with_adapter, merge_adapter, recorded_base_model
-from mcp_rl.local_policy import load_local_tokenizer, load_policy
-from mcp_rl.models import dtype_kwarg, tiny_llama
+from mcp_rl.ship.export import _unquantized, find_adapter, load_with_adapter, merge_adapter, recorded_base_model
+from mcp_rl.policies.local_policy import load_local_tokenizer, load_policy
+from mcp_rl.policies.models import dtype_kwarg, tiny_llama
 
 IDS = torch.tensor([[1, 17, 230, 4051, 99, 12, 7, 2048]])
 
@@ -66,7 +66,7 @@ def portable_run(lora, run: Path) -> Path:
         copy_adapter(lora, run / "checkpoints" / step / "adapter")
         (run / "checkpoints" / step / "trainer_state.json").write_text(json.dumps({"step": int(step[-1])}))
     (run / "checkpoints" / "step-0001" / "adapter" / "adapter_model.safetensors").unlink()  # not the newest
-    (run / "checkpoints" / "step-0003.tmp-x1y2").mkdir()  # _atomic_dir's leftover after a crash: not a checkpoint
+    (run / "checkpoints" / "step-0003.tmp-x1y2").mkdir()  # atomic_dir's leftover after a crash: not a checkpoint
     return run / "checkpoints" / "step-0002" / "adapter"
 
 
@@ -306,7 +306,7 @@ def test_cli_export_needs_something_to_write(lora, tmp_path, capsys):
     assert "nothing to write" in capsys.readouterr().err
 
 
-# ---- an adapter is used only as it was saved (mcp_rl/manifest.py) -------------------------
+# ---- an adapter is used only as it was saved (mcp_rl/training/manifest.py) -------------------------
 def zero_tail(path: Path, n: int = 256) -> None:
     data = path.read_bytes()
     path.write_bytes(data[:-n] + b"\0" * n)
@@ -317,7 +317,7 @@ def cut(path: Path) -> None:
 
 
 def damaged_run(lora, tmp, base, layout, damage, manifest=True):
-    from mcp_rl.manifest import write_manifest
+    from mcp_rl.training.manifest import write_manifest
 
     given, adapter = LAYOUTS[layout](lora, tmp, base)
     if manifest and layout.startswith("art"):
@@ -333,7 +333,7 @@ def damaged_run(lora, tmp, base, layout, damage, manifest=True):
     (zero_tail, True, "is not the file saved"), (cut, True, "bytes, not the"), (cut, False, "header says"),
 ])
 def test_find_adapter_refuses_an_adapter_that_is_not_as_saved(layout, damage, manifest, says, lora, base_dir, tmp_path):
-    from mcp_rl.manifest import CheckpointCorrupt
+    from mcp_rl.training.manifest import CheckpointCorrupt
 
     given = damaged_run(lora, tmp_path, base_dir, layout, damage, manifest)
     with pytest.raises(CheckpointCorrupt, match=f"adapter_model.safetensors .*{says}"):
@@ -351,7 +351,7 @@ def test_an_intact_adapter_with_its_manifest_is_found(lora, base_dir, tmp_path):
     ["eval", "--adapter", "{run}", "--server", "company"],
 ])
 def test_cli_commands_print_a_damaged_adapter_as_one_line(command, lora, base_dir, tmp_path, capsys, monkeypatch):
-    from mcp_rl import serve
+    from mcp_rl.ship import serve
 
     monkeypatch.delenv("MCP_RL_DEBUG", raising=False)
     monkeypatch.setattr(serve, "serve_policy", lambda *a, **k: pytest.fail("served a damaged adapter"))

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/gguf_export.py: a GGUF written here, loaded back by transformers, predicts
+"""Tests for mcp_rl/ship/gguf_export.py: a GGUF written here, loaded back by transformers, predicts
 what the merged model predicts.
 
     .venv/bin/python -m pytest tests/test_gguf_export.py -q
@@ -11,9 +11,9 @@ import copy
 import pytest
 import torch
 
-from mcp_rl.gguf_export import gguf_summary, write_gguf
-from mcp_rl.local_policy import load_local_tokenizer
-from mcp_rl.models import dtype_kwarg
+from mcp_rl.ship.gguf_export import gguf_summary, write_gguf
+from mcp_rl.policies.local_policy import load_local_tokenizer
+from mcp_rl.policies.models import dtype_kwarg
 
 PROMPTS = ["How many employees work in the Sales department?",
            "<|im_start|>user\nList the tables.<|im_end|>\n<|im_start|>assistant\n<tool_call>\n",
@@ -84,8 +84,8 @@ def merged_smollm2(tmp_path_factory):
     """SmolLM2 with a LoRA whose B is non-zero (so the merge changes the model), merged and saved."""
     import peft
 
-    from mcp_rl.local_policy import load_local_model
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.policies.local_policy import load_local_model
+    from mcp_rl.training.portable import PortableTrainer
 
     model, tok = load_local_model("smollm2")
     policy = type("P", (), {"model": model, "tokenizer": tok, "step": 0})()

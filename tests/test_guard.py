@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/guard.py: side-effect classes, the guard rollouts apply, tool filters.
+"""Tests for mcp_rl/mcp/guard.py: side-effect classes, the guard rollouts apply, tool filters.
 
 Run: .venv/bin/python -m pytest tests/test_guard.py -q
 Servers are in-process FastMCP objects built here, their tools annotated (or not) with
@@ -11,13 +11,13 @@ import mcp_types
 import pytest
 from fastmcp import Context, FastMCP
 
-from mcp_rl.config import Config, apply_overrides, preset, to_dict
-from mcp_rl.connect import ToolSession
-from mcp_rl.guard import (READ_ONLY, SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, ToolsChanged,
+from mcp_rl.runs.config import Config, apply_overrides, preset, to_dict
+from mcp_rl.mcp.connect import ToolSession
+from mcp_rl.mcp.guard import (READ_ONLY, SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, ToolsChanged,
                           classify_tool, filter_tools, short)
-from mcp_rl.policy import ScriptedPolicy, play
+from mcp_rl.policies.policy import ScriptedPolicy, play
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts, rollout
-from mcp_rl.scenarios import Scenario
+from mcp_rl.tasks.scenarios import Scenario
 
 TASK = Scenario(id="g1", task="Look up x.", answer="1")
 
@@ -283,6 +283,7 @@ async def test_a_change_the_policy_admits_goes_on_with_the_new_tool(side_effects
 
 def test_short_has_one_home_and_guard_still_offers_it():
     """`short` lived in guard.py and six modules imported it from there; mcp_rl.quote is its home."""
-    from mcp_rl import guard, quote
+    from mcp_rl import quote
+    from mcp_rl.mcp import guard
 
     assert guard.short is quote.short and guard.SHORT_CHARS == quote.SHORT_CHARS == 60

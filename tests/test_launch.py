@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/launch.py's promise that a server child never outlives its starter, and for the
+"""Tests for mcp_rl/mcp/launch.py's promise that a server child never outlives its starter, and for the
 session-end check in tests/conftest.py that fails a test run leaving a server process behind.
 
     .venv/bin/python -m pytest tests/test_launch.py -q
@@ -38,7 +38,7 @@ def test_the_company_server_dies_with_the_process_that_started_it(how):
     """A notebook kernel killed at shutdown (make test's orphan) or a script that never called stop()
     left `mcp_server.py --transport http` running."""
     end = "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)" if how == "SIGKILL" else "pass"
-    code = ("from mcp_rl.environments.company import command as c\nfrom mcp_rl.launch import HttpServer\n"
+    code = ("from mcp_rl.environments.company import command as c\nfrom mcp_rl.mcp.launch import HttpServer\n"
             "s = HttpServer(c()).start()\nprint(s.proc.pid, flush=True)\n" + end)
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())

@@ -28,7 +28,7 @@ SMALL = ",".join(["train.steps=6", "train.groups_per_step=2", "train.group_size=
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from mcp_rl.models import load_local_tokenizer
+    from mcp_rl.policies.models import load_local_tokenizer
 
     path = tmp_path_factory.mktemp("tok")
     load_local_tokenizer().save_pretrained(path)
@@ -93,7 +93,7 @@ def test_the_unsloth_loader_is_imported_before_transformers(tmp_path):
     """Unsloth patches transformers on import: learning_proof asks for it before anything imports transformers
     (ART does). A stand-in for `import_unsloth` in a fresh interpreter records what was imported by then."""
     code = (f"import sys; sys.path.insert(0, '{EXP}')\n"
-            "import mcp_rl.unsloth_loader as u\n"
+            "import mcp_rl.policies.unsloth_loader as u\n"
             "def fake():\n"
             "    print('transformers imported:', 'transformers' in sys.modules); raise u.UnslothUnavailable('no GPU')\n"
             "u.import_unsloth = fake\n"
@@ -197,7 +197,7 @@ def test_under_torchrun_two_ranks_run_to_the_end_and_the_ddp_table_compares_them
     """Issue [multi-gpu]'s machinery on gloo: learning_proof.py as 2 ranks vs 1 process, then ddp_table.py.
     Only rank 0 evaluates, so only it knows the final evaluation's time: its step budget must hold on both
     ranks (a 90 s deadline that rank 1 alone would meet by stopping after step 1)."""
-    from mcp_rl.launch import free_port
+    from mcp_rl.mcp.launch import free_port
 
     env = {**os.environ, "TQDM_DISABLE": "1", "MCP_RL_DIST_TIMEOUT_S": "120"}
     args = [f"{EXP}/learning_proof.py", "--config", CONFIG, "--seed", "0", "--random-weights",
@@ -245,8 +245,8 @@ def test_the_rehearsals_trainer_is_what_config_json_records(tokenizer_dir, chang
     sys.path.insert(0, str(ROOT / EXP))
     from learning_proof import random_model
 
-    from mcp_rl import parts
-    from mcp_rl.config import apply_overrides, load_config
+    from mcp_rl.runs import parts
+    from mcp_rl.runs.config import apply_overrides, load_config
 
     cfg = apply_overrides(load_config(ROOT / CONFIG), ["out=/tmp/unused", *change])
     trainer = parts.build_trainer(cfg, model=random_model(str(tokenizer_dir), "tiny"))

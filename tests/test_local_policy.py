@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/local_policy.py: chat template, batching, logprobs, ART tokenization.
+"""Tests for mcp_rl/policies/local_policy.py: chat template, batching, logprobs, ART tokenization.
 
     .venv/bin/python -m pytest tests/test_local_policy.py -q            # all (slow ones load SmolLM2)
     .venv/bin/python -m pytest tests/test_local_policy.py -q -m "not slow"
@@ -16,11 +16,11 @@ import pytest
 import torch
 from art.preprocessing.tokenize import tokenize_trajectory_groups
 
-from mcp_rl.local_policy import (
+from mcp_rl.policies.local_policy import (
     HERMES_TEMPLATE, LocalPolicy, art_tokenizer, install_tool_template, load_local_model, load_local_tokenizer,
     stop_string_end,
 )
-from mcp_rl.policy import ContextOverflow, ScriptedPolicy
+from mcp_rl.policies.policy import ContextOverflow, ScriptedPolicy
 
 TOOLS = [{"type": "function", "function": {"name": "run_query", "description": "Run one SQL query",
                                            "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}},
@@ -114,7 +114,7 @@ async def test_scripted_choices_pass_art_tokenization(tok):
 
 @pytest.fixture(scope="module")
 def tiny(tok):
-    from mcp_rl.models import tiny_llama
+    from mcp_rl.policies.models import tiny_llama
 
     return tiny_llama(tok, max_position_embeddings=256)
 
@@ -224,7 +224,7 @@ async def test_sliding_window_layers_decode_as_the_full_forward(tok, tiny_gemma)
 
 
 def policy_window(model):
-    from mcp_rl.decoder import sliding_window
+    from mcp_rl.policies.decoder import sliding_window
 
     return sliding_window(model.config)
 
@@ -281,7 +281,7 @@ async def test_decoding_without_repeat_kv_gives_the_forward_pass_logprobs(tok, m
     machine's): decode steps take the packed path and still give each row the plain forward's logprobs."""
     from transformers import AttentionInterface
 
-    from mcp_rl.decoder import packed_gqa_sdpa
+    from mcp_rl.policies.decoder import packed_gqa_sdpa
 
     model = request.getfixturevalue(model_name)
     original, packed_calls = AttentionInterface._global_mapping["sdpa"], []
@@ -325,7 +325,7 @@ def test_load_policy_puts_an_adapters_lora_on_its_recorded_base(tmp_path):
     """Base model + adapter -> LocalPolicy, which `rollout`/`eval` and `serve` each wrote out."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from mcp_rl.local_policy import load_policy
+    from mcp_rl.policies.local_policy import load_policy
 
     model, _ = load_local_model()
     lora = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/loss.py: the GRPO loss by hand-computed values, and the chunked log-probabilities.
+"""Tests for mcp_rl/training/loss.py: the GRPO loss by hand-computed values, and the chunked log-probabilities.
 
     .venv/bin/python -m pytest tests/test_loss.py -q
 """
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mcp_rl.loss import _backbone_and_head, _chunked_logprobs, grpo_loss
+from mcp_rl.training.loss import backbone_and_head, chunked_logprobs, grpo_loss
 
 # ---- grpo_loss: hand-computed values ------------------------------------------------
 ON_POLICY = dict(new=torch.zeros(2, 3), old=torch.zeros(2, 3), adv=torch.tensor([1.0, -1.0]),
@@ -77,9 +77,9 @@ def test_chunked_logprobs_match_the_full_logits_and_their_gradient():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))
     ids = torch.randint(0, 300, (3, 20))
-    backbone, head = _backbone_and_head(model)
+    backbone, head = backbone_and_head(model)
     hidden = backbone(input_ids=ids[:, :-1]).last_hidden_state[:, -12:]
-    chunked = _chunked_logprobs(head, hidden, ids[:, -12:], contextlib.nullcontext, chunk=7)  # chunks cross rows
+    chunked = chunked_logprobs(head, hidden, ids[:, -12:], contextlib.nullcontext, chunk=7)  # chunks cross rows
     (grad_chunked,) = torch.autograd.grad(chunked.sum(), head.weight)
     full = model(input_ids=ids[:, :-1]).logits[:, -12:].log_softmax(-1).gather(-1, ids[:, -12:, None]).squeeze(-1)
     (grad_full,) = torch.autograd.grad(full.sum(), head.weight)
@@ -94,18 +94,18 @@ def test_a_model_that_scales_its_logits_keeps_the_full_forward():
     shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2)
     torch.manual_seed(0)
-    assert _backbone_and_head(GraniteForCausalLM(GraniteConfig(logits_scaling=8.0, **shape))) is None
-    assert _backbone_and_head(LlamaForCausalLM(LlamaConfig(**shape))) is not None
+    assert backbone_and_head(GraniteForCausalLM(GraniteConfig(logits_scaling=8.0, **shape))) is None
+    assert backbone_and_head(LlamaForCausalLM(LlamaConfig(**shape))) is not None
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger's Triton kernels need CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_liger_fused_logprobs_match_the_chunked_head_and_its_gradient(dtype):
-    """The packed update's fused head (mcp_rl/packing.py) gives loss.py's chunked log-probs and hidden-state
+    """The packed update's fused head (mcp_rl/training/packing.py) gives loss.py's chunked log-probs and hidden-state
     gradients, a 262k vocabulary like Gemma 3's, in the autocast dtypes the trainer runs (fp16: a T4)."""
     pytest.importorskip("liger_kernel")
-    from mcp_rl.packing import fused_available, fused_logprobs
+    from mcp_rl.training.packing import fused_available, fused_logprobs
 
     assert fused_available(torch.device("cuda"))
     torch.manual_seed(0)
@@ -118,7 +118,7 @@ def test_liger_fused_logprobs_match_the_chunked_head_and_its_gradient(dtype):
     with cast():
         fused = fused_logprobs(head, hidden, targets, None if dtype == torch.float32 else dtype, rows_per_chunk=512)
     (g_fused,) = torch.autograd.grad((fused * weights).sum(), hidden)
-    chunked = _chunked_logprobs(head, hidden[None], targets[None], cast)[0]
+    chunked = chunked_logprobs(head, hidden[None], targets[None], cast)[0]
     (g_chunked,) = torch.autograd.grad((chunked * weights).sum(), hidden)
     tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}[dtype]
     torch.testing.assert_close(fused, chunked, rtol=tol, atol=tol)

@@ -1,4 +1,4 @@
-"""mcp_rl/manifest.py: a checkpoint's files checked against the sizes and sha256 saved with them.
+"""mcp_rl/training/manifest.py: a checkpoint's files checked against the sizes and sha256 saved with them.
 Run: pytest tests/test_manifest.py
 """
 
@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from mcp_rl.manifest import MANIFEST, CheckpointCorrupt, check_safetensors, verify_manifest, write_manifest
+from mcp_rl.training.manifest import MANIFEST, CheckpointCorrupt, check_safetensors, verify_manifest, write_manifest
 
 
 def safetensors_bytes(n_floats: int = 64) -> bytes:

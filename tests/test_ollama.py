@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/ollama.py: the Modelfile's Go TEMPLATE renders what training rendered.
+"""Tests for mcp_rl/ship/ollama.py: the Modelfile's Go TEMPLATE renders what training rendered.
 
 The template is rendered by Go's own text/template (tests/go/render_template.go, with Ollama's
 `json` function), so these tests need `go` (`apt-get install golang-go`; .ci/run installs it,
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_rl.local_policy import HERMES_TEMPLATE, load_local_tokenizer
-from mcp_rl.ollama import STOPS, TEMPLATE, modelfile, write_modelfile
+from mcp_rl.policies.local_policy import HERMES_TEMPLATE, load_local_tokenizer
+from mcp_rl.ship.ollama import STOPS, TEMPLATE, modelfile, write_modelfile
 
 GO = Path(__file__).parent / "go" / "render_template.go"
 TOOLS = [
@@ -129,7 +129,7 @@ def test_ollama_finds_the_tool_call_tag_and_stops_after_a_call():
     """Ollama takes a model's tool-call tag from the first text inside `{{ if .ToolCalls }}`; without
     that block the tag was "{" and every reply came back as plain text with no tool_calls (found by
     review, with Ollama's parseTag run in Go). And a turn must stop at `</tool_call>` as in training."""
-    from mcp_rl.ollama import STOPS, TEMPLATE
+    from mcp_rl.ship.ollama import STOPS, TEMPLATE
 
     block = TEMPLATE.split("{{- if .ToolCalls }}", 1)
     assert len(block) == 2 and block[1].startswith("{{ range $j, $c := .ToolCalls }}<tool_call>")

@@ -11,13 +11,14 @@ import json
 import pytest
 
 from mcp_rl.environments.company import PLAN
-from mcp_rl import parts, pipeline
-from mcp_rl.audit import read_tool_calls
-from mcp_rl.callbacks import TrainerCallback
-from mcp_rl.config import apply_overrides, preset
-from mcp_rl.pipeline import step_batch
-from mcp_rl.runs import open_run, run
-from mcp_rl.scenarios import Scenario
+from mcp_rl.runs import parts
+from mcp_rl.runs import pipeline
+from mcp_rl.mcp.audit import read_tool_calls
+from mcp_rl.runs.callbacks import TrainerCallback
+from mcp_rl.runs.config import apply_overrides, preset
+from mcp_rl.runs.pipeline import step_batch
+from mcp_rl.runs.run import open_run, run
+from mcp_rl.tasks.scenarios import Scenario
 
 
 def training_run(trainer, cfg, out, step=0, history=()):
@@ -125,7 +126,7 @@ class GateTrainer:
     warm-start epochs, then plays the verified demonstrations (a scripted policy, no model)."""
 
     def __init__(self, scenarios, learns_after: int):
-        from mcp_rl.policy import DemonstrationPolicy, ScriptedPolicy
+        from mcp_rl.policies.policy import DemonstrationPolicy, ScriptedPolicy
 
         good = DemonstrationPolicy(scenarios, PLAN)
         bad = lambda m: {"tool": "run_query", "arguments": {"sql": "SELECT * FROM nowhere"}}  # noqa: E731
@@ -170,7 +171,7 @@ def test_gate_scenarios_come_after_the_demonstrations():
 
 
 def test_report_shows_the_gate(tmp_path):
-    from mcp_rl.evaluate import write_report
+    from mcp_rl.runs.evaluate import write_report
 
     history = [{"step": 0, "phase": "warm_start", "demonstrations": 8, "epochs": 2.0, "nll_last_epoch": 0.3,
                 "gate": [{"epochs": 1, "tool_errors": 3.5, "completed_rate": 0.5, "success_rate": 0.0, "passed": False},
@@ -208,7 +209,7 @@ async def test_train_loop_records_a_held_out_curve(tmp_path, company_db):
     """eval_every=1 on the test split: each step's record carries test_success and its rows are saved."""
     from mcp_server import build_server
 
-    from mcp_rl.policy import DemonstrationPolicy
+    from mcp_rl.policies.policy import DemonstrationPolicy
 
     cfg = apply_overrides(preset("cpu"), ["train.steps=2", "train.groups_per_step=1", "train.group_size=2",
                                           "train.eval_every=1", "train.eval_every_split=test",
@@ -251,7 +252,7 @@ async def test_a_rollout_cut_short_by_the_endpoint_is_left_out_of_its_group(tmp_
     rollouts left tie, so there is nothing to train."""
     from mcp_server import build_server
 
-    from mcp_rl.policy import DemonstrationPolicy, PolicyError
+    from mcp_rl.policies.policy import DemonstrationPolicy, PolicyError
 
     cfg = apply_overrides(preset("cpu"), ["train.steps=1", "train.groups_per_step=1", "train.group_size=3",
                                           "train.warm_start_scenarios=0"])
@@ -288,7 +289,7 @@ async def test_a_periodic_evaluation_stopped_midway_runs_on_resume(tmp_path, com
     for good (found by review). A due step without its point is evaluated first when the run resumes."""
     from mcp_server import build_server
 
-    from mcp_rl.policy import DemonstrationPolicy
+    from mcp_rl.policies.policy import DemonstrationPolicy
 
     cfg = apply_overrides(preset("cpu"), ["train.steps=1", "train.eval_every=1", "train.eval_every_split=test",
                                           "train.eval_every_scenarios=1", "train.warm_start_scenarios=0"])

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/policy.py: the Hermes parser, Choices, OpenAIPolicy, scripted policies.
+"""Tests for mcp_rl/policies/policy.py: the Hermes parser, Choices, OpenAIPolicy, scripted policies.
 
     .venv/bin/python -m pytest tests/test_policy.py -q
 """
@@ -13,7 +13,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from mcp_rl.environments.company import PLAN
-from mcp_rl.policy import (
+from mcp_rl.policies.policy import (
     ContextOverflow, DemonstrationPolicy, OpenAIPolicy, Policy, PolicyError, ScriptedPolicy,
     choice_from_text, find_tool_calls, format_answer,
 )

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/prefix_cache.py through LocalPolicy(reuse_prefix=True): multi-turn rollouts keep their
+"""Tests for mcp_rl/policies/prefix_cache.py through LocalPolicy(reuse_prefix=True): multi-turn rollouts keep their
 earlier turns' keys and values and prefill only what is new, with the same tokens and logprobs as without.
 
     .venv/bin/python -m pytest tests/test_prefix_cache.py -q
@@ -13,11 +13,11 @@ import functools
 import pytest
 import torch
 
-from mcp_rl.chat_templates import prompt_ids
-from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
-from mcp_rl.models import tiny_llama
+from mcp_rl.policies.chat_templates import prompt_ids
+from mcp_rl.policies.local_policy import LocalPolicy, load_local_tokenizer
+from mcp_rl.policies.models import tiny_llama
 from mcp_rl.rollout import RolloutConfig, gather_rollouts
-from mcp_rl.scenarios import Scenario
+from mcp_rl.tasks.scenarios import Scenario
 
 SCENARIOS = [Scenario(id="a", task="How many employees are there?", answer=150),
              Scenario(id="b", task="Which department has the highest total salary across all of its staff?",
@@ -189,7 +189,7 @@ async def test_changed_weights_empty_the_cache(tok):
 async def test_the_trainers_updates_empty_the_cache(tok, company_db, tiny_trainer):
     """The real trainer: an SFT warm start (its AdamW writes the LoRA weights in place, `step` stays 0)
     and a GRPO step (`step` moves) each leave the next turn nothing to reuse."""
-    from mcp_rl.prefix_cache import PrefixCache
+    from mcp_rl.policies.prefix_cache import PrefixCache
 
     trainer = tiny_trainer()
     policy = trainer.policy
@@ -214,7 +214,7 @@ async def test_the_trainers_updates_empty_the_cache(tok, company_db, tiny_traine
 @pytest.mark.slow
 async def test_smollm2_greedy_rollouts_are_the_same_with_reuse_on_and_off(company_db):
     """The embedded SmolLM2-135M (fp32 on the CPU) through the real loop."""
-    from mcp_rl.local_policy import load_local_model
+    from mcp_rl.policies.local_policy import load_local_model
 
     model, tok = load_local_model()
     off, on = LocalPolicy(model, tok, tool_prefix=True), LocalPolicy(model, tok, tool_prefix=True, reuse_prefix=True)
@@ -230,7 +230,7 @@ async def test_smollm2_greedy_rollouts_are_the_same_with_reuse_on_and_off(compan
     ([list(range(12)), [5, 6, 7]], 0, 3, [(0, 0, 9)]),  # a row with nothing cached sets the window
 ])
 def test_a_batch_prefills_the_longest_part_any_row_lacks(prompts, n_forced, window, copied):
-    from mcp_rl.prefix_cache import PrefixCache
+    from mcp_rl.policies.prefix_cache import PrefixCache
 
     cache = PrefixCache(2**20)
     cache.add(list(range(10)), [(torch.zeros(1, 10, 1), torch.zeros(1, 10, 1))])

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/reward_audit.py: the cheat battery through the real rollout loop and reward, against
+"""Tests for mcp_rl/rewards/reward_audit.py: the cheat battery through the real rollout loop and reward, against
 the company server in-process. The fixed reward passes on the committed test split; a weak custom
 reward and a reward without the evidence rule are caught; training refuses a gameable reward.
 
@@ -11,12 +11,12 @@ import dataclasses
 import pytest
 
 from mcp_rl.environments.company import PLAN
-from mcp_rl.config import preset
-from mcp_rl.pipeline import audit_before_training
-from mcp_rl.policy import DemonstrationPolicy
-from mcp_rl.reward_audit import RewardGameable, audit_reward
-from mcp_rl.rewards import RewardConfig
-from mcp_rl.scenarios import load_scenarios
+from mcp_rl.runs.config import preset
+from mcp_rl.runs.pipeline import audit_before_training
+from mcp_rl.policies.policy import DemonstrationPolicy
+from mcp_rl.rewards.reward_audit import RewardGameable, audit_reward
+from mcp_rl.rewards.score import RewardConfig
+from mcp_rl.tasks.scenarios import load_scenarios
 from mcp_server import build_server
 
 
@@ -117,9 +117,9 @@ def test_ruler_rewards_are_audited_too(company_db, lazy, refused):
 
 def test_a_run_with_a_gameable_reward_stops_before_its_model_loads(tmp_path, monkeypatch):
     """Through `mcp_rl.run` (the company server over HTTP): the audit refuses, no trainer is built."""
-    from mcp_rl import parts
-    from mcp_rl.config import apply_overrides
-    from mcp_rl.runs import run
+    from mcp_rl.runs import parts
+    from mcp_rl.runs.config import apply_overrides
+    from mcp_rl.runs.run import run
 
     monkeypatch.setattr(parts, "build_trainer", lambda cfg: pytest.fail("the model loaded before the audit"))
     nonempty = lambda traj, scenario: float(bool(traj.metadata.get("answer")))  # noqa: E731

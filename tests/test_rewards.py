@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/rewards.py: shaping, config checks, the doctests, and
+"""Tests for mcp_rl/rewards/score.py: shaping, config checks, the doctests, and
 RULER plumbing through ART's ruler_score_group with litellm's mock_response (or a fake
 judge endpoint on 127.0.0.1 for timeouts and retries).
 
@@ -22,7 +22,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
-from mcp_rl.rewards import RewardConfig, efficiency_reward, format_reward, score_group, score_trajectory
+from mcp_rl.rewards.score import RewardConfig, efficiency_reward, format_reward, score_group, score_trajectory
 
 litellm.suppress_debug_info = True
 # litellm's mock and OpenAI responses trip pydantic's serializer checks inside ART's ruler: noise.
@@ -146,7 +146,7 @@ def test_score_trajectory_without_answer_uses_shaping_only():
 
 def test_unverifiable_expected_type_is_logged_not_raised(caplog):
     t = make_traj("42")
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         score_trajectory(t, SimpleNamespace(id="bad", answer={"x": 1}))
     assert "cannot verify" in caplog.text and "reward/verified" not in t.metrics
 
@@ -166,7 +166,7 @@ async def test_score_group_without_judge_scores_in_place():
     (art.TrajectoryGroup([make_traj("42")]), SCENARIO, RewardConfig(verified_weight=0), "no verified answer and no judge"),
 ])
 async def test_score_group_skips_unscorable_groups(group, scenario, cfg, reason, caplog):
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         assert await score_group(group, scenario, cfg) is None
     assert reason in caplog.text
 
@@ -257,7 +257,7 @@ async def test_judge_scores_unverifiable_group():
 
 
 async def test_out_of_range_scores_are_clamped(caplog):
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         out = await score_group(group_of_two(), SCENARIO, mock_cfg(judge_json(1.7, -0.4)))
     assert [t.metrics["reward/ruler"] for t in out] == [1.0, 0.0]
     assert "clamped" in caplog.text
@@ -273,7 +273,7 @@ async def test_out_of_range_scores_are_clamped(caplog):
 ])
 async def test_failed_judge_falls_back_to_verified(mock_response, reason, caplog):
     cfg = mock_cfg(mock_response, judge_retries=1)
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         out = await score_group(group_of_two(), SCENARIO, cfg)
     good, bad = out.trajectories
     assert good.metrics["reward/judge_failed"] == 1.0 and "reward/ruler" not in good.metrics
@@ -283,13 +283,13 @@ async def test_failed_judge_falls_back_to_verified(mock_response, reason, caplog
 
 
 async def test_failed_judge_with_skip_policy_skips(caplog):
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         out = await score_group(group_of_two(), SCENARIO, mock_cfg("garbage", on_judge_failure="skip", judge_retries=0))
     assert out is None and "on_judge_failure='skip'" in caplog.text
 
 
 async def test_failed_judge_without_answer_skips(caplog):
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         out = await score_group(group_of_two(), UNVERIFIABLE, mock_cfg("garbage", judge_retries=0))
     assert out is None and "no verified answer to fall back on" in caplog.text
 
@@ -379,7 +379,7 @@ async def test_judge_retry_recovers(fake_judge):
 async def test_judge_timeout_falls_back_quickly(fake_judge, caplog):
     judge = fake_judge([("sleep", 30)])
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         out = await score_group(group_of_two(), SCENARIO, endpoint_cfg(judge, judge_timeout_s=0.5, judge_retries=1))
     assert time.monotonic() - start < 10
     assert len(judge.requests) == 2                                  # no hidden client retries
@@ -393,7 +393,7 @@ async def test_wait_for_backstops_a_judge_that_ignores_its_timeout(fake_judge, c
     # judge_params override litellm's timeout to 60 s; asyncio.wait_for must still end it.
     cfg = endpoint_cfg(judge, judge_timeout_s=0.5, judge_retries=0, judge_params={"timeout": 60})
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.rewards.score"):
         out = await score_group(group_of_two(), SCENARIO, cfg)
     assert time.monotonic() - start < 5
     assert "timed out" in caplog.text and out.trajectories[0].metrics["reward/judge_failed"] == 1.0
@@ -407,7 +407,7 @@ def test_wrong_count_is_caught_under_python_O():
     code = (
         "import asyncio, json, art\n"
         "from types import SimpleNamespace\n"
-        "from mcp_rl.rewards import RewardConfig, score_group\n"
+        "from mcp_rl.rewards.score import RewardConfig, score_group\n"
         "t = lambda a: art.Trajectory(messages_and_choices=[{'role': 'user', 'content': 'q'}], reward=0,"
         " metrics={'completed': True, 'tool_calls': 2}, metadata={'answer': a})\n"
         "one = json.dumps({'scores': [{'trajectory_id': '1', 'explanation': '', 'score': 0.9}]})\n"

@@ -14,15 +14,15 @@ import pytest
 from fastmcp.exceptions import ToolError
 
 from mcp_rl.environments.company import PLAN
-from mcp_rl.guard import ToolPolicy
-from mcp_rl.policy import PolicyError, ScriptedPolicy, choice_from_text, play, tool_call_text
+from mcp_rl.mcp.guard import ToolPolicy
+from mcp_rl.policies.policy import PolicyError, ScriptedPolicy, choice_from_text, play, tool_call_text
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts, rollout, transcript
-from mcp_rl.scenarios import Scenario
+from mcp_rl.tasks.scenarios import Scenario
 
 TASK = Scenario(id="s1", task="What is 2 + 3?", answer=5)
 
 
-READ_ONLY = {"readOnlyHint": True}  # rollouts refuse tools not annotated read-only (mcp_rl.guard)
+READ_ONLY = {"readOnlyHint": True}  # rollouts refuse tools not annotated read-only (mcp_rl.mcp.guard)
 
 
 def toy_server() -> fastmcp.FastMCP:
@@ -179,7 +179,7 @@ async def test_gather_groups_in_order_with_concurrency_limit():
 
 async def test_company_server_demonstration_end_to_end(company_db):
     """The demonstration policy answers a real scenario through the real company server."""
-    from mcp_rl.policy import DemonstrationPolicy
+    from mcp_rl.policies.policy import DemonstrationPolicy
     from mcp_server import build_server
 
     s = Scenario(id="c1", task="How many departments are there?",
@@ -239,7 +239,7 @@ def openai_call(name, args, k=0):
 
 
 async def test_openai_policy_against_third_party_server_over_stdio():
-    from mcp_rl.policy import OpenAIPolicy
+    from mcp_rl.policies.policy import OpenAIPolicy
 
     endpoint = FakeChatEndpoint([openai_call("get_current_time", {"timezone": "Asia/Tokyo"}),
                                  openai_call(COMPLETE_TOOL_NAME, {"answer": "it is morning in Tokyo"}, 1)])
@@ -273,7 +273,7 @@ async def test_local_smollm2_rollouts_over_stdio_train_with_art(company_db):
     assistant masks exactly on the sampled tokens and the sampled logprobs beside them."""
     from art.preprocessing.tokenize import tokenize_trajectory_groups
 
-    from mcp_rl.local_policy import LocalPolicy, art_tokenizer, load_local_model
+    from mcp_rl.policies.local_policy import LocalPolicy, art_tokenizer, load_local_model
 
     model, tok = load_local_model()
     torch_seed(0)

@@ -1,4 +1,4 @@
-"""A run folder's record (mcp_rl/runs.py, mcp_rl/config.py's redacted): refused when missing or
+"""A run folder's record (mcp_rl/runs/run.py, mcp_rl/runs/config.py's redacted): refused when missing or
 unreadable, never silently restarted; custom rewards recorded by name; no secret in config.json.
 No model is loaded (fake trainers). Run: pytest tests/test_run_records.py
 """
@@ -10,9 +10,9 @@ import json
 import pytest
 
 from mcp_rl import cli
-from mcp_rl.config import apply_overrides, preset
-from mcp_rl.manifest import MANIFEST, CheckpointCorrupt, write_manifest
-from mcp_rl.runs import RunFolderError, open_run
+from mcp_rl.runs.config import apply_overrides, preset
+from mcp_rl.training.manifest import MANIFEST, CheckpointCorrupt, write_manifest
+from mcp_rl.runs.run import RunFolderError, open_run
 
 
 def config(out, **reward):

@@ -21,7 +21,7 @@ import run_state  # noqa: E402
 
 
 def make_run(root: Path, step: int, ckpt_bytes: int = 1000) -> Path:
-    """A run folder shaped like mcp_rl.runs writes it: state.json, metrics, two checkpoints (the last two)."""
+    """A run folder shaped like mcp_rl.runs.run writes it: state.json, metrics, two checkpoints (the last two)."""
     run = root / "smollm2-seed2"
     for s in (step - 1, step):
         ckpt = run / "checkpoints" / f"step-{s:04d}"

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/runs.py: a run folder's phases are idempotent; "base" is always step 0.
+"""Tests for mcp_rl/runs/run.py: a run folder's phases are idempotent; "base" is always step 0.
 
 The real loop (company server over HTTP, LocalPolicy, PortableTrainer) on a tiny random Llama
 with SmolLM2's tokenizer, as in tests/test_pipeline.py. Run: pytest tests/test_runs.py
@@ -9,19 +9,20 @@ import json
 
 import pytest
 
-from mcp_rl import parts, pipeline
-from mcp_rl.callbacks import HeldOutCurve, TrainerCallback
-from mcp_rl.config import apply_overrides, preset
+from mcp_rl.runs import parts
+from mcp_rl.runs import pipeline
+from mcp_rl.runs.callbacks import HeldOutCurve, TrainerCallback
+from mcp_rl.runs.config import apply_overrides, preset
 from mcp_rl.environments.company import command as company_server_command
-from mcp_rl.launch import HttpServer
-from mcp_rl.guard import SideEffectsRefused
-from mcp_rl.run_folder import _LOADED, _Loaded
-from mcp_rl.runs import open_run, run
-from mcp_rl.scenarios import Scenario
+from mcp_rl.mcp.launch import HttpServer
+from mcp_rl.mcp.guard import SideEffectsRefused
+from mcp_rl.runs.run_folder import _LOADED, _Loaded
+from mcp_rl.runs.run import open_run, run
+from mcp_rl.tasks.scenarios import Scenario
 
 
 class StandIn:
-    """The Trainer protocol's bookkeeping without a model (mcp_rl.parts.Trainer)."""
+    """The Trainer protocol's bookkeeping without a model (mcp_rl.runs.parts.Trainer)."""
 
     step, sft_steps, policy = 0, 0, None
 
@@ -337,7 +338,7 @@ def test_a_server_that_needs_a_token_says_so(company_db, given, says):
     """A missing or wrong token read as 'Server returned an error response' (found by review)."""
     import asyncio
 
-    from mcp_rl.connect import ServerUnavailable, ToolSession
+    from mcp_rl.mcp.connect import ServerUnavailable, ToolSession
 
     async def connect(url):
         async with ToolSession(url, connect_timeout=10, **given):

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/scenarios.py, mcp_rl/context.py and mcp_rl/grounded.py.
+"""Tests for mcp_rl/tasks/scenarios.py, mcp_rl/tasks/context.py and mcp_rl/tasks/grounded.py.
 
     .venv/bin/python -m pytest tests/test_scenarios.py -q
 
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from mcp_rl.balance import MAX_ANSWER_SHARE, answer_balance, answer_cap, balance_report
-from mcp_rl.connect import ToolSession
-from mcp_rl.context import collect_context, enrich_tools
+from mcp_rl.tasks.balance import MAX_ANSWER_SHARE, answer_balance, answer_cap, balance_report
+from mcp_rl.mcp.connect import ToolSession
+from mcp_rl.tasks.context import collect_context, enrich_tools
 from mcp_rl.environments.company.templates import company_templates
-from mcp_rl.generate import ScenarioGenerationError, generate_to_file, llm_scenarios, resolve_generator
-from mcp_rl.grounded import grounded_scenarios
-from mcp_rl.scenarios import Scenario, append_scenarios, load_scenarios, save_scenarios, split_scenarios
-from mcp_rl.verify import verify_answer
+from mcp_rl.tasks.generate import ScenarioGenerationError, generate_to_file, llm_scenarios, resolve_generator
+from mcp_rl.tasks.grounded import grounded_scenarios
+from mcp_rl.tasks.scenarios import Scenario, append_scenarios, load_scenarios, save_scenarios, split_scenarios
+from mcp_rl.rewards.verify import verify_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_SERVER = f"{sys.executable} -m mcp_server_time"

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/schemas.py: MCP tool → OpenAI function schema, table-driven.
+"""Tests for mcp_rl/mcp/schemas.py: MCP tool → OpenAI function schema, table-driven.
 
 Run: .venv/bin/python -m pytest tests/test_schemas.py -q
 Tables use MCP tools as dicts; one test converts real Tool objects from an in-memory
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from fastmcp import Client, FastMCP
 
-from mcp_rl.schemas import mcp_tool_to_openai
+from mcp_rl.mcp.schemas import mcp_tool_to_openai
 
 EMPTY = {"type": "object", "properties": {}}
 CASES = [

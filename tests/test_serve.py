@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/serve.py: the OpenAI-compatible endpoint over a LocalPolicy.
+"""Tests for mcp_rl/ship/serve.py: the OpenAI-compatible endpoint over a LocalPolicy.
 
     .venv/bin/python -m pytest tests/test_serve.py -q                 # all (slow ones load SmolLM2)
     .venv/bin/python -m pytest tests/test_serve.py -q -m "not slow"
@@ -24,15 +24,15 @@ import openai
 import pytest
 import torch
 
-from mcp_rl import flags
-from mcp_rl.config import Config
+from mcp_rl.runs import flags
+from mcp_rl.runs.config import Config
 from mcp_rl.environments.company import command as company_server_command
-from mcp_rl.launch import HttpServer
-from mcp_rl.local_policy import LocalPolicy, load_local_model, load_local_tokenizer
-from mcp_rl.policy import OpenAIPolicy, ScriptedPolicy
+from mcp_rl.mcp.launch import HttpServer
+from mcp_rl.policies.local_policy import LocalPolicy, load_local_model, load_local_tokenizer
+from mcp_rl.policies.policy import OpenAIPolicy, ScriptedPolicy
 from mcp_rl.rollout import RolloutConfig, rollout
-from mcp_rl.scenarios import Scenario
-from mcp_rl.serve import ServerThread, add_serve_parser, openai_app, serve_policy
+from mcp_rl.tasks.scenarios import Scenario
+from mcp_rl.ship.serve import ServerThread, add_serve_parser, openai_app, serve_policy
 
 TOOLS = [{"type": "function", "function": {"name": "run_query", "description": "Run one SQL query",
                                            "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
@@ -228,7 +228,7 @@ def test_the_openai_client_sees_bad_requests_as_bad_request_errors(tiny):
 
 
 async def test_a_context_overflow_is_a_400_that_openai_policy_reads_as_context_overflow(tok):
-    from mcp_rl.policy import ContextOverflow
+    from mcp_rl.policies.policy import ContextOverflow
 
     policy = LocalPolicy(ScriptedLM.build(tok, ["hi"]), tok, name="small", max_context=32)
     with ServerThread(openai_app(policy)) as server:
@@ -421,8 +421,8 @@ def test_prompts_are_tokenised_off_the_event_loop(tiny, monkeypatch):
     """A 3.9 MB prompt was tokenised on the event loop: /v1/models waited 2.5 s behind it."""
     import threading
 
-    import mcp_rl.local_policy as lp
-    import mcp_rl.serve as serve
+    import mcp_rl.policies.local_policy as lp
+    import mcp_rl.ship.serve as serve
 
     threads = []
 

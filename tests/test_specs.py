@@ -1,4 +1,4 @@
-"""mcp_rl.specs / connect: no secret of a spec reaches a description or an error message, table-driven.
+"""mcp_rl.mcp.specs / connect: no secret of a spec reaches a description or an error message, table-driven.
 
 Every spec below carries the secret "hunter2" (a DSN password, a --pat value, a URL query key, a
 known token format); each row is one message a user can see. Run: pytest tests/test_specs.py -q
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from mcp_rl.connect import ToolSession
-from mcp_rl.specs import ServerUnavailable, describe_spec, make_client
+from mcp_rl.mcp.connect import ToolSession
+from mcp_rl.mcp.specs import ServerUnavailable, describe_spec, make_client
 
 SECRET = "hunter2"
 GH = "ghp_" + "hunter2" * 4  # a GitHub token's format, standing where no flag names it

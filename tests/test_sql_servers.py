@@ -1,4 +1,4 @@
-"""Grounded scenarios through SQL servers other than ours (mcp_rl/context.py, grounded.py, sqlresults.py).
+"""Grounded scenarios through SQL servers other than ours (mcp_rl/tasks/context.py, grounded.py, sqlresults.py).
 
     .venv/bin/python -m pytest tests/test_sql_servers.py -q
 
@@ -32,13 +32,13 @@ from pathlib import Path
 import pytest
 from fastmcp import FastMCP
 
-from mcp_rl.connect import ToolSession
-from mcp_rl.context import collect_context, find_sql_tool
+from mcp_rl.mcp.connect import ToolSession
+from mcp_rl.tasks.context import collect_context, find_sql_tool
 from mcp_rl.environments.company.templates import company_templates
-from mcp_rl.generate import generate_to_file
-from mcp_rl.grounded import grounded_scenarios
-from mcp_rl.guard import SideEffectsRefused, ToolPolicy
-from mcp_rl.scenarios import Scenario, load_scenarios
+from mcp_rl.tasks.generate import generate_to_file
+from mcp_rl.tasks.grounded import grounded_scenarios
+from mcp_rl.mcp.guard import SideEffectsRefused, ToolPolicy
+from mcp_rl.tasks.scenarios import Scenario, load_scenarios
 
 # mcp-server-sqlite 2025.4.25 fails to start on mcp 2 ('Server' object has no attribute 'list_resources').
 SQLITE_SERVER_PACKAGES = ["mcp-server-sqlite==2025.4.25", "mcp>=1.2,<2"]
@@ -229,7 +229,7 @@ async def test_grounded_through_a_server_answering_in(fmt, db_copy):
 
 async def test_a_refused_template_is_skipped_with_a_warning(db_copy, caplog):
     async with ToolSession(format_server(db_copy, "json", refuse=r"^(?!\s*SELECT\b)|\bWITH\b")) as s:
-        with caplog.at_level(logging.WARNING, logger="mcp_rl.grounded"):
+        with caplog.at_level(logging.WARNING, logger="mcp_rl.tasks.grounded"):
             # Uncapped (max_answer_share=1): under the answer cap, dept_best's missing answers would
             # let other templates' department names in, and the two lists would differ by more.
             got = await grounded_scenarios(s, 2000, seed=0, max_answer_share=1, templates=company_templates)
@@ -253,7 +253,7 @@ def test_find_sql_tool_never_picks_a_write_tool(tools, found):
 async def test_an_unreadable_result_skips_one_question_not_the_run(db_copy, monkeypatch):
     """A server that answered one reference query with a notice ("Query interrupted; try a smaller
     query") aborted the whole run, losing every scenario computed so far (found by review)."""
-    from mcp_rl import grounded
+    from mcp_rl.tasks import grounded
 
     real, calls = grounded._reference_rows, []
 

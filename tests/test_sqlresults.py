@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/sqlresults.py: reading SQL results in the formats real MCP servers return.
+"""Tests for mcp_rl/tasks/sqlresults.py: reading SQL results in the formats real MCP servers return.
 
     .venv/bin/python -m pytest tests/test_sqlresults.py -q
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_rl.sqlresults import TruncatedResult, error_text, number_or_text, parse_table
+from mcp_rl.tasks.sqlresults import TruncatedResult, error_text, number_or_text, parse_table
 from mcp_server import format_table
 
 CASES = {
@@ -146,7 +146,7 @@ def test_error_text_spots_errors_sent_as_results(text, is_error):
 def test_a_null_printed_as_text_is_no_answer(rows, shape, answer):
     """An all-NULL aggregate printed as 'None' or an empty cell was stored as the verified answer, and
     the model then rewarded for repeating it (found by review)."""
-    from mcp_rl.grounded import _answer
+    from mcp_rl.tasks.grounded import _answer
 
     assert _answer(rows, shape, None) == answer
 

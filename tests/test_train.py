@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/train.py: real LoRA steps on SmolLM2-135M and a tiny Llama (the loss: test_loss.py).
+"""Tests for mcp_rl/training/portable.py: real LoRA steps on SmolLM2-135M and a tiny Llama (the loss: test_loss.py).
 
     .venv/bin/python -m pytest tests/test_train.py -q            # all (about a minute on 2 cores)
     .venv/bin/python -m pytest tests/test_train.py -q -m "not slow"
@@ -19,8 +19,8 @@ from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
-from mcp_rl import train as train_mod
-from mcp_rl.train import PortableTrainer
+from mcp_rl.training import portable as train_mod
+from mcp_rl.training.portable import PortableTrainer
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = [{"role": "system", "content": "You answer questions about the company database."},
@@ -237,7 +237,7 @@ def test_a_non_finite_gradient_skips_the_update_and_says_where(policy, caplog):
     trainer = PortableTrainer(policy, learning_rate=2e-3)
     hook = trainer.params[0].register_hook(lambda g: g * float("nan"))
     weights = lora_weights(trainer.model)
-    with caplog.at_level(logging.WARNING, logger="mcp_rl.train"):
+    with caplog.at_level(logging.WARNING, logger="mcp_rl.training.portable"):
         metrics = trainer.train_step([group(policy)])
     assert metrics["skipped_steps"] == 1 and math.isnan(metrics["grad_norm"]) and not trainer.optimizer.state
     assert all(torch.equal(weights[n], p) for n, p in lora_weights(trainer.model).items())
@@ -253,7 +253,7 @@ def test_a_non_finite_gradient_skips_the_update_and_says_where(policy, caplog):
 # ---- micro-batches by tokens ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_policy():
-    from mcp_rl.models import load_local_tokenizer, tiny_llama
+    from mcp_rl.policies.models import load_local_tokenizer, tiny_llama
 
     tok = load_local_tokenizer()
     return tiny_llama(tok, max_position_embeddings=512), tok
@@ -315,7 +315,7 @@ def test_with_gradient_checkpointing_the_policy_samples_after_an_update(tiny_pol
     decode loop needs (found on the H200: "The expanded size of the tensor ... must match")."""
     import asyncio
 
-    from mcp_rl.local_policy import LocalPolicy
+    from mcp_rl.policies.local_policy import LocalPolicy
 
     model, tok = tiny_policy
     policy = LocalPolicy(copy.deepcopy(model), tok, name="tiny")
@@ -388,7 +388,7 @@ def test_padding_leaves_no_attention_row_empty_and_real_logprobs_unchanged(tiny_
 def test_an_empty_sampled_turn_does_not_crash_the_step(tiny_policy):
     """End-of-turn sampled first gives an empty turn; with logprobs=[] ART's tokenizer read its first
     logprob and the whole step raised (found by review). It now carries no logprobs and is not trained."""
-    from mcp_rl.hermes import choice_from_text
+    from mcp_rl.policies.hermes import choice_from_text
 
     model, tok = tiny_policy
     trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0),
@@ -466,7 +466,7 @@ def test_under_torch_distributed_each_ranks_gpu_peak_is_in_the_metrics(tiny_poli
     assert "gpu_peak_gib_by_rank" not in trainer.train_step([group(types.SimpleNamespace(model=model, tokenizer=tok))])
 
 
-# ---- a checkpoint is loaded only as it was saved (mcp_rl/manifest.py) ---------------------
+# ---- a checkpoint is loaded only as it was saved (mcp_rl/training/manifest.py) ---------------------
 @pytest.mark.parametrize("damage, manifest, says", [
     ("zero", True, "is not the file saved"),
     ("cut", True, "bytes, not the"),
@@ -476,7 +476,7 @@ def test_under_torch_distributed_each_ranks_gpu_peak_is_in_the_metrics(tiny_poli
 def test_load_refuses_a_checkpoint_that_is_not_as_saved(tiny_trainer, tmp_path, damage, manifest, says):
     import json
 
-    from mcp_rl.manifest import MANIFEST, CheckpointCorrupt
+    from mcp_rl.training.manifest import MANIFEST, CheckpointCorrupt
 
     trainer = tiny_trainer()
     trainer.save(tmp_path / "ckpt")
@@ -497,7 +497,7 @@ def test_load_refuses_a_checkpoint_that_is_not_as_saved(tiny_trainer, tmp_path, 
     assert "\n" not in str(e.value)
 
 
-# ---- the packed update (mcp_rl/packing.py) ----------------------------------------------
+# ---- the packed update (mcp_rl/training/packing.py) ----------------------------------------------
 def _random_seqs(n_and_first, seed=1):
     torch.manual_seed(seed)
     seqs = []
@@ -523,7 +523,7 @@ def _tiny_gemma(tok):
 def test_the_packed_path_gives_the_padded_loss_and_gradients(tiny_policy, family):
     """Sequences packed end to end (several in one row, each with its own positions; Gemma's sliding window of
     4 kept inside each) give the padded path's loss, both kinds, and its LoRA gradients, float32."""
-    from mcp_rl.loss import grpo_loss
+    from mcp_rl.training.loss import grpo_loss
 
     model, tok = tiny_policy
     model = _tiny_gemma(tok) if family == "gemma3" else model
@@ -552,7 +552,7 @@ def test_the_packed_path_gives_the_padded_loss_and_gradients(tiny_policy, family
 
 def test_a_packed_step_equals_the_padded_step_and_counts_its_padding(tiny_policy):
     """A whole train_step: packed micro-batches by real tokens give the padded step's loss and LoRA weights."""
-    from mcp_rl.packing import padding_of, rows_of, token_batches
+    from mcp_rl.training.packing import padding_of, rows_of, token_batches
 
     model, tok = tiny_policy
     groups = [art.TrajectoryGroup([trajectory(model, tok, GOOD, 1.0), trajectory(model, tok, BAD, 0.0)]),
@@ -591,12 +591,12 @@ def test_an_attention_that_ignores_packed_positions_keeps_the_padded_path(tiny_p
 
 
 def test_both_backends_are_the_runs_trainer(tiny_trainer):
-    """mcp_rl.parts.Trainer: what `Run` calls, so it asks no trainer what it has (no hasattr, no maybe-await).
+    """mcp_rl.runs.parts.Trainer: what `Run` calls, so it asks no trainer what it has (no hasattr, no maybe-await).
     Checked on the classes: ART's `policy` exists only once vLLM has started."""
     import inspect
 
-    from mcp_rl.art_backend import ARTTrainer
-    from mcp_rl.parts import Trainer
+    from mcp_rl.training.art_backend import ARTTrainer
+    from mcp_rl.runs.parts import Trainer
 
     assert isinstance(tiny_trainer(), Trainer)
     for trainer in (tiny_trainer(), ARTTrainer("agent-001")):
@@ -614,7 +614,7 @@ def test_the_packing_probe_tells_a_leak_from_kernel_noise(noise, leak, works):
     masked and an unmasked attention kernel): packing must stay on. A leak across sequences moves them wholesale."""
     import torch
 
-    from mcp_rl.packing import packing_works
+    from mcp_rl.training.packing import packing_works
 
     class Backbone(torch.nn.Module):
         def __init__(self):

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/unsloth_loader.py on a CPU (no Unsloth installed, no GPU).
+"""Tests for mcp_rl/policies/unsloth_loader.py on a CPU (no Unsloth installed, no GPU).
 
     .venv/bin/python -m pytest tests/test_unsloth_loader.py -q
 
@@ -17,9 +17,9 @@ import types
 import pytest
 import torch
 
-from mcp_rl.config import TrainConfig
-from mcp_rl.local_policy import LocalPolicy, load_local_tokenizer
-from mcp_rl.unsloth_loader import UnslothPolicy, UnslothUnavailable, import_unsloth, load_unsloth_model
+from mcp_rl.runs.config import TrainConfig
+from mcp_rl.policies.local_policy import LocalPolicy, load_local_tokenizer
+from mcp_rl.policies.unsloth_loader import UnslothPolicy, UnslothUnavailable, import_unsloth, load_unsloth_model
 
 MESSAGES = [{"role": "system", "content": "You answer with tools."}, {"role": "user", "content": "How many rows?"}]
 
@@ -85,7 +85,7 @@ def fake_unsloth(monkeypatch):
 
 
 def tiny(tok):
-    from mcp_rl.models import tiny_llama
+    from mcp_rl.policies.models import tiny_llama
 
     return tiny_llama(tok, max_position_embeddings=256)
 
@@ -122,7 +122,7 @@ async def test_concurrent_sampled_turns_are_batched_with_finite_logprobs(tok, fa
 
 
 def test_t4_unsloth_preset_is_the_t4_preset_on_the_portable_trainer():
-    from mcp_rl.config import preset
+    from mcp_rl.runs.config import preset
 
     light, art = preset("t4-unsloth"), preset("t4")
     assert (light.train.backend, light.train.loader, light.load_in_4bit) == ("portable", "unsloth", True)
@@ -130,8 +130,8 @@ def test_t4_unsloth_preset_is_the_t4_preset_on_the_portable_trainer():
 
 
 def test_pipeline_without_cuda_stops_with_the_one_line(monkeypatch):
-    from mcp_rl.config import preset
-    from mcp_rl.parts import build_trainer
+    from mcp_rl.runs.config import preset
+    from mcp_rl.runs.parts import build_trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UnslothUnavailable, match="needs a CUDA GPU"):
@@ -142,7 +142,7 @@ def test_import_unsloth_if_used_imports_only_for_the_unsloth_loader(monkeypatch)
     """The step the CLI's train, notebook 01 and learning_proof.py each wrote out; one builder now."""
     from types import SimpleNamespace as NS
 
-    from mcp_rl import unsloth_loader
+    from mcp_rl.policies import unsloth_loader
 
     calls = []
     monkeypatch.setattr(unsloth_loader, "import_unsloth", lambda: calls.append(1))

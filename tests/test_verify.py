@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/verify.py: verify_answer's rules as one large table, tolerances, and
+"""Tests for mcp_rl/rewards/verify.py: verify_answer's rules as one large table, tolerances, and
 clear errors for expected answers it cannot check. (Its doctests run in test_rewards.py,
 together with rewards.py's.)
 
@@ -10,8 +10,8 @@ from datetime import date
 
 import pytest
 
-from mcp_rl.evidence import values_of
-from mcp_rl.verify import verify_answer
+from mcp_rl.rewards.evidence import values_of
+from mcp_rl.rewards.verify import verify_answer
 
 VERIFY_CASES = [
     # numbers: formatting
@@ -196,7 +196,7 @@ def test_credit_needs_evidence(predicted, expected, question, evidence, score):
 
 
 def test_a_hex_encoded_echo_is_no_evidence(company_db):
-    """The cheap checks read the SQL and miss the hex; the counterfactual replay (mcp_rl.counterfactual) sees
+    """The cheap checks read the SQL and miss the hex; the counterfactual replay (mcp_rl.rewards.counterfactual) sees
     the value stay put on perturbed copies of the data, and the evidence it records refuses it."""
     import asyncio
 

@@ -1,4 +1,4 @@
-"""Tests for mcp_rl/workers.py and worker_server.py: rollout workers over loopback HTTP, their 4xx
+"""Tests for mcp_rl/scale/workers.py and worker_server.py: rollout workers over loopback HTTP, their 4xx
 answers, a step that survives a worker killed mid-rollout, and what a worker refuses (hardening).
 
 Most workers are real `python -m mcp_rl rollout-worker --server company` processes (the company
@@ -18,13 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mcp_rl.config import preset
-from mcp_rl.launch import free_port
-from mcp_rl.parts import rollout_config
-from mcp_rl.policy import choice_from_text, tool_call_text
+from mcp_rl.runs.config import preset
+from mcp_rl.mcp.launch import free_port
+from mcp_rl.runs.parts import rollout_config
+from mcp_rl.policies.policy import choice_from_text, tool_call_text
 from mcp_rl.rollout import gather_rollouts
-from mcp_rl.scenarios import load_scenarios
-from mcp_rl.workers import WorkerPool, WorkersDown, remote_rollouts
+from mcp_rl.tasks.scenarios import load_scenarios
+from mcp_rl.scale.workers import WorkerPool, WorkersDown, remote_rollouts
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "sesame"
@@ -138,7 +138,7 @@ def test_a_wrong_token_is_refused_before_the_body_is_read(workers):
 @pytest.fixture(scope="module")
 def company():
     from mcp_rl.environments.company import command as company_server_command
-    from mcp_rl.launch import HttpServer
+    from mcp_rl.mcp.launch import HttpServer
 
     with HttpServer(company_server_command()) as server:
         yield server.spec
@@ -187,7 +187,7 @@ async def test_no_live_worker_is_a_clear_error():
 async def test_a_training_step_rolls_out_on_the_workers(workers):
     import types
 
-    from mcp_rl import pipeline
+    from mcp_rl.runs import pipeline
 
     trained = []
     trainer = types.SimpleNamespace(policy=SlowScript(), train=lambda groups: trained.append(groups) or {"loss": 0.0})
@@ -199,9 +199,9 @@ async def test_a_training_step_rolls_out_on_the_workers(workers):
 
 
 async def test_remote_trajectories_of_a_local_model_are_trainable(workers):
-    from mcp_rl.local_policy import LocalPolicy
-    from mcp_rl.models import load_local_tokenizer, tiny_llama
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.policies.local_policy import LocalPolicy
+    from mcp_rl.policies.models import load_local_tokenizer, tiny_llama
+    from mcp_rl.training.portable import PortableTrainer
 
     tok = load_local_tokenizer()
     trainer = PortableTrainer(LocalPolicy(tiny_llama(tok), tok, name="tiny"), max_seq_len=4096)
@@ -224,9 +224,9 @@ import json  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
 
-from mcp_rl.guard import ToolPolicy  # noqa: E402
-from mcp_rl.serve import ServerThread, openai_app  # noqa: E402
-from mcp_rl.workers import worker_app  # noqa: E402
+from mcp_rl.mcp.guard import ToolPolicy  # noqa: E402
+from mcp_rl.ship.serve import ServerThread, openai_app  # noqa: E402
+from mcp_rl.scale.workers import worker_app  # noqa: E402
 
 
 def effects_server(launched):
@@ -333,7 +333,7 @@ def test_the_policy_url_must_be_on_this_machine(fx):
     far = {**body, "policy": {**body["policy"], "base_url": "http://10.11.12.13:8000/v1?key=abc"}}
     r = post(url, far)
     assert r.status_code == 403 and "--allow-remote-policy" in r.json()["error"] and "abc" not in r.text
-    from mcp_rl.worker_server import _parse
+    from mcp_rl.scale.worker_server import _parse
 
     assert _parse(far, ToolPolicy(), True)[2]["base_url"].startswith("http://10.11")  # the operator may allow it
 
@@ -408,7 +408,7 @@ def test_deeply_nested_json_is_a_400(fx, body):
 
 
 def test_a_long_scenario_id_is_cut_in_the_audit_log(fx, tmp_path):
-    from mcp_rl.audit import read_tool_calls
+    from mcp_rl.mcp.audit import read_tool_calls
 
     make, _ = fx
     url, body = make(policy=CallThen("look", {}), audit=str(tmp_path / "calls.jsonl"))

@@ -5,7 +5,7 @@
 Each policy is scripted: some tool calls (run_query / list_tables), then complete_task. Episodes run
 through `mcp_rl.rollout.gather_rollouts` against the company server in-process (one MCP session, as
 `reward_audit` does), and are scored by `rewards.score_group` with the default `RewardConfig()`
-(require_evidence=True) and the company server's counterfactual worlds (mcp_rl.counterfactual: a lookup
+(require_evidence=True) and the company server's counterfactual worlds (mcp_rl.rewards.counterfactual: a lookup
 grounds a value only if the value moves when the call is replayed on perturbed copies of the data);
 the last column scores the same episodes by the echo checks alone (counterfactual=False).
 success = metrics["reward/verified"] >= 0.999.
@@ -41,17 +41,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mcp_rl.connect import ToolSession  # noqa: E402
-from mcp_rl.guard import ToolPolicy  # noqa: E402
-from mcp_rl.demonstrations import format_answer  # noqa: E402
+from mcp_rl.mcp.connect import ToolSession  # noqa: E402
+from mcp_rl.mcp.guard import ToolPolicy  # noqa: E402
+from mcp_rl.tasks.demonstrations import format_answer  # noqa: E402
 from mcp_rl.environment import environment  # noqa: E402
 from mcp_rl.environments import company  # noqa: E402
-from mcp_rl.rewards import RewardConfig, score_group, score_trajectory  # noqa: E402
+from mcp_rl.rewards.score import RewardConfig, score_group, score_trajectory  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts  # noqa: E402
-from mcp_rl.hermes import choice_from_text, tool_call_text  # noqa: E402
-from mcp_rl.scenarios import load_scenarios  # noqa: E402
-from mcp_rl.evidence import values_of  # noqa: E402
-from mcp_rl.verify import normalize, verify_answer  # noqa: E402
+from mcp_rl.policies.hermes import choice_from_text, tool_call_text  # noqa: E402
+from mcp_rl.tasks.scenarios import load_scenarios  # noqa: E402
+from mcp_rl.rewards.evidence import values_of  # noqa: E402
+from mcp_rl.rewards.verify import normalize, verify_answer  # noqa: E402
 
 
 
@@ -165,8 +165,8 @@ def _folds_to(args: str, expected) -> bool:
 def fixed_verified(t, s) -> float:
     """verified credit under the suggested fixes: a result counts only with <= MAX_VALUES values and when
     the call's literals do not fold to the answer; a number is shown only at the answer's precision."""
-    from mcp_rl import verify as V
-    from mcp_rl.evidence import evidence
+    from mcp_rl.rewards import verify as V
+    from mcp_rl.rewards.evidence import evidence
 
     if not t.metrics.get("completed"):
         return 0.0
@@ -379,7 +379,7 @@ def probes(db) -> str:
 
     from mcp_server import build_server
 
-    from mcp_rl.verify import shown
+    from mcp_rl.rewards.verify import shown
 
     out = ["## verify_answer probes (hedges and multi-readings)", "", "| answer | expected | question | score |",
            "|---|---|---|---|"]

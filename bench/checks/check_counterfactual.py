@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mcp_rl.environments import company  # noqa: E402
-from mcp_rl.connect import ToolSession  # noqa: E402
-from mcp_rl.guard import ToolPolicy  # noqa: E402
-from mcp_rl.policy import DemonstrationPolicy  # noqa: E402
-from mcp_rl.rewards import RewardConfig, score_group  # noqa: E402
+from mcp_rl.mcp.connect import ToolSession  # noqa: E402
+from mcp_rl.mcp.guard import ToolPolicy  # noqa: E402
+from mcp_rl.policies.policy import DemonstrationPolicy  # noqa: E402
+from mcp_rl.rewards.score import RewardConfig, score_group  # noqa: E402
 from mcp_rl.rollout import RolloutConfig, gather_rollouts  # noqa: E402
-from mcp_rl.scenarios import load_scenarios  # noqa: E402
+from mcp_rl.tasks.scenarios import load_scenarios  # noqa: E402
 
 
 async def measure(server, scenarios, k: int = 4, seed: int = 0) -> str:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))  # bench_
 
 from bench_generation import build, requests  # noqa: E402
 
-from mcp_rl.local_policy import LocalPolicy  # noqa: E402
+from mcp_rl.policies.local_policy import LocalPolicy  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def main() -> int:
     if args.model == "smollm2-shape":
         model, tok = build("smollm2-shape", args.tokenizer)
     else:
-        from mcp_rl.models import load_local_model
+        from mcp_rl.policies.models import load_local_model
 
         model, tok = load_local_model(args.model)
     lines = []

@@ -4,7 +4,7 @@ A tiny random Llama (built from a config, seed 0) with SmolLM2's tokenizer, wrap
 PortableTrainer, takes `--steps` GRPO steps (each on fixed trajectory groups of 3, 2 and 2
 rollouts: 7 sequences, so the ranks get 4 and 3) once in this process alone and once as
 `--world` processes joined over gloo on 127.0.0.1, each backpropagating its share of the same
-step (mcp_rl/distributed.py). It prints, per loss kind, the largest difference in LoRA weights
+step (mcp_rl/scale/distributed.py). It prints, per loss kind, the largest difference in LoRA weights
 (and AdamW moments) between the single run and rank 0, and between the ranks, and, last,
 `equal: True` or `equal: False` (float32 tolerance: sums in another order, and micro-batches
 padded differently). About 20 s on 2 CPU cores.
@@ -45,9 +45,9 @@ STEPS = [  # per step: groups of (reply, reward)
 
 
 def build(tok_dir: str, loss: str):
-    from mcp_rl.local_policy import LocalPolicy
-    from mcp_rl.models import load_local_tokenizer, tiny_llama
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.policies.local_policy import LocalPolicy
+    from mcp_rl.policies.models import load_local_tokenizer, tiny_llama
+    from mcp_rl.training.portable import PortableTrainer
 
     tok = load_local_tokenizer(tok_dir)
     # Seed 0: the same model (and so the same LoRA init) on every rank; check_same verifies it.
@@ -84,7 +84,7 @@ def groups_for(trainer, step: int):
 
 def train(tok_dir: str, loss: str, steps: int, die: bool = False) -> dict:
     """Build, take `steps` steps on the whole batch (each rank its share), return the final state."""
-    from mcp_rl import distributed
+    from mcp_rl.scale import distributed
 
     trainer = build(tok_dir, loss)
     distributed.check_same(trainer, "init")
@@ -101,7 +101,7 @@ def train(tok_dir: str, loss: str, steps: int, die: bool = False) -> dict:
 
 
 def worker(a: argparse.Namespace) -> int:
-    from mcp_rl import distributed
+    from mcp_rl.scale import distributed
 
     distributed.init("gloo")
     for loss in a.losses:
@@ -117,7 +117,7 @@ def worker(a: argparse.Namespace) -> int:
 def run_ranks(tok_dir: str, losses: list[str], steps: int, world: int, folder: Path, die_rank: int = -1,
               timeout: float = 300) -> tuple[list[int], list[str]]:
     """`world` processes of this script joined over gloo; returns their exit codes and stderr tails."""
-    from mcp_rl.launch import free_port
+    from mcp_rl.mcp.launch import free_port
 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
            "OMP_NUM_THREADS": "1", "MCP_RL_DIST_TIMEOUT_S": "120"}
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tok_dir = a.tokenizer
         if tok_dir is None:
-            from mcp_rl.local_policy import load_local_tokenizer
+            from mcp_rl.policies.local_policy import load_local_tokenizer
 
             tok_dir = str(Path(tmp) / "tok")
             load_local_tokenizer().save_pretrained(tok_dir)

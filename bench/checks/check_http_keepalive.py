@@ -2,7 +2,7 @@
 
 The company server over streamable HTTP (uvicorn, 5 s keep-alive); N concurrent ToolSessions, each
 making CALLS calls GAP +- 0.15 s apart, as rollouts do while the policy generates. Run once with
-httpx's default 5 s pool expiry and once with mcp_rl's 1 s (`mcp_rl.specs._http_client`), side by
+httpx's default 5 s pool expiry and once with mcp_rl's 1 s (`mcp_rl.mcp.specs._http_client`), side by
 side; prints a table. CPU only, about 2 minutes:
 
     .venv/bin/python bench/checks/check_http_keepalive.py --out bench/results/http_keepalive.txt
@@ -18,10 +18,10 @@ import random
 import time
 from datetime import datetime, timezone
 
-import mcp_rl.specs as specs
-from mcp_rl.connect import ToolSession
+import mcp_rl.mcp.specs as specs
+from mcp_rl.mcp.connect import ToolSession
 from mcp_rl.environments.company import command as company_server_command
-from mcp_rl.launch import HttpServer
+from mcp_rl.mcp.launch import HttpServer
 
 
 async def sessions(url: str, n: int, calls: int, gap: float) -> collections.Counter:
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--gap-s", type=float, default=5.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    logging.getLogger("mcp_rl.connect").setLevel(logging.ERROR)  # one warning per dead session otherwise
+    logging.getLogger("mcp_rl.mcp.connect").setLevel(logging.ERROR)  # one warning per dead session otherwise
     new_factory = specs._http_client
 
     def with_expiry(expiry: float):

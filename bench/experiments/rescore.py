@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:
 
 import art  # noqa: E402
 
-from mcp_rl.evidence import COUNTERFACTUAL, evidence, record_lookup  # noqa: E402
-from mcp_rl.verify import verify_answer  # noqa: E402
+from mcp_rl.rewards.evidence import COUNTERFACTUAL, evidence, record_lookup  # noqa: E402
+from mcp_rl.rewards.verify import verify_answer  # noqa: E402
 
 _TURN = re.compile(r"^\[(user|assistant|tool)\] ", re.M)
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
@@ -41,7 +41,7 @@ _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 def transcript_evidence(text: str, counterfactual: str | None = None) -> tuple[list[tuple], bool]:
     """((values, call arguments) of each tool result in a saved transcript that is not an error, clipped?).
-    `counterfactual`: a row's saved replay record (mcp_rl.counterfactual; trajectory metadata["counterfactual"]),
+    `counterfactual`: a row's saved replay record (mcp_rl.rewards.counterfactual; trajectory metadata["counterfactual"]),
     read by the rule as score_trajectory reads it; rows saved without one are scored by the echo checks alone."""
     parts = _TURN.split(text or "")
     turns = [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
@@ -61,7 +61,7 @@ def transcript_evidence(text: str, counterfactual: str | None = None) -> tuple[l
             body = body.split("\n-- answer:")[0]
             if not body.startswith(("Error", "Task completed")):
                 out.append((call_name, args, body.strip()))
-    # The rule itself (mcp_rl.evidence.evidence) over the lookups the transcript shows.
+    # The rule itself (mcp_rl.rewards.evidence.evidence) over the lookups the transcript shows.
     traj = art.Trajectory(messages_and_choices=[], reward=0.0)
     for tool, a, result in out:
         record_lookup(traj, tool, json.loads(a), result)

@@ -1,4 +1,4 @@
-"""What the tool-call audit log (mcp_rl.audit) costs rollouts: the same calls with and without it.
+"""What the tool-call audit log (mcp_rl.mcp.audit) costs rollouts: the same calls with and without it.
 
     .venv/bin/python bench/speed/bench_audit.py [--calls 1000] [--repeats 7] --out bench/results/audit.txt
 
@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mcp_rl.audit import _CURRENT, log_tool_calls, read_tool_calls, record_tool_call  # noqa: E402
-from mcp_rl.policy import ScriptedPolicy  # noqa: E402
+from mcp_rl.mcp.audit import _CURRENT, log_tool_calls, read_tool_calls, record_tool_call  # noqa: E402
+from mcp_rl.policies.policy import ScriptedPolicy  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts  # noqa: E402
-from mcp_rl.scenarios import Scenario  # noqa: E402
+from mcp_rl.tasks.scenarios import Scenario  # noqa: E402
 from mcp_server import build_server  # noqa: E402
 
 PER_ROLLOUT = 20

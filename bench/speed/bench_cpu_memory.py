@@ -35,9 +35,9 @@ def child(mode: str, seq_len: int, steps: int) -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "speed")]
     from bench_trainer import groups_for
 
-    from mcp_rl.config import preset
-    from mcp_rl.local_policy import LocalPolicy, load_local_model
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.runs.config import preset
+    from mcp_rl.policies.local_policy import LocalPolicy, load_local_model
+    from mcp_rl.training.portable import PortableTrainer
 
     t = preset("cpu").train
     settings = {"micro_batch_size": t.micro_batch_size, "gradient_checkpointing": t.gradient_checkpointing,

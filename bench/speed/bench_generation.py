@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl.local_policy import LocalPolicy, load_local_model, load_local_tokenizer  # noqa: E402
+from mcp_rl.policies.local_policy import LocalPolicy, load_local_model, load_local_tokenizer  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL, DEFAULT_SYSTEM_PROMPT  # noqa: E402
 
 QWEN3B = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,

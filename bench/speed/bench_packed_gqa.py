@@ -3,7 +3,7 @@
 transformers 5.17 (the GPU machine's, and the newest Unsloth allows) copies each key/value head
 `num_key_value_groups` times before SDPA whenever a mask is given, which the StaticCache decode
 always gives: every decode step then copies the whole cache in every layer (SmolLM2: 3 copies,
-Qwen2.5-3B: 8). `mcp_rl.decoder.packed_gqa_sdpa` folds a one-token query's heads onto the
+Qwen2.5-3B: 8). `mcp_rl.policies.decoder.packed_gqa_sdpa` folds a one-token query's heads onto the
 key/value heads instead (as transformers 5.2x does). This times the same greedy batched decode
 both ways, alternating, in one process: c concurrent real rollout prompts, each padded with
 schema text to about --prompt-tokens tokens (a rollout at turn 4-5 carries 1,000-1,700), and
@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "speed")]
 
 from bench_generation import build, requests  # noqa: E402
 
-from mcp_rl.local_policy import LocalPolicy  # noqa: E402
+from mcp_rl.policies.local_policy import LocalPolicy  # noqa: E402
 
 
 def attention(mode: str):
@@ -36,7 +36,7 @@ def attention(mode: str):
     import torch
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-    from mcp_rl.decoder import packed_gqa_sdpa
+    from mcp_rl.policies.decoder import packed_gqa_sdpa
 
     def repeated(module, query, key, value, mask, dropout=0.0, scaling=None, is_causal=None, **kw):
         groups = getattr(module, "num_key_value_groups", 1)

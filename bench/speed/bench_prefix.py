@@ -28,9 +28,9 @@ for p in (ROOT, ROOT / "bench" / "speed"):
 
 from bench_generation import SMOLLM2, TINY, header  # noqa: E402
 
-from mcp_rl.local_policy import LocalPolicy, load_local_model, load_local_tokenizer  # noqa: E402
+from mcp_rl.policies.local_policy import LocalPolicy, load_local_model, load_local_tokenizer  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL, DEFAULT_SYSTEM_PROMPT  # noqa: E402
-from mcp_rl.scenarios import load_scenarios  # noqa: E402
+from mcp_rl.tasks.scenarios import load_scenarios  # noqa: E402
 
 
 def build(name: str):
@@ -53,7 +53,7 @@ async def tool_results(scenarios, turns: int) -> tuple[list[dict], list[list[str
     """The company server's tools, and per scenario the results of `turns` real calls."""
     import importlib.util
 
-    from mcp_rl.connect import ToolSession
+    from mcp_rl.mcp.connect import ToolSession
     from mcp_server import build_server
 
     from mcp_rl.environments.company import build_db as module
@@ -121,7 +121,7 @@ def trainer_gap(model, tok, tools, turns: list) -> tuple[float, float]:
     """Mean and largest |sampled logprob - one forward over the conversation's logprob| (the trainer's view)."""
     import torch
 
-    from mcp_rl.chat_templates import prompt_ids
+    from mcp_rl.policies.chat_templates import prompt_ids
 
     diffs = []
     with torch.inference_mode():

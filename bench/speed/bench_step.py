@@ -11,7 +11,7 @@ only differences are the settings under test. Modes:
        came for GAP seconds; a finished row is answered at once, so its rollout calls its tool during
        the decode's tail), packed GQA decode attention (decoder.packed_gqa_sdpa), trainer
        micro-batches packed to MICRO_BATCH_TOKENS padded tokens; with --packed (issue [speed]) the packed
-       update instead (mcp_rl/packing.py: sequences end to end in rows of MICRO_BATCH_TOKENS at most, the LM
+       update instead (mcp_rl/training/packing.py: sequences end to end in rows of MICRO_BATCH_TOKENS at most, the LM
        head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA)
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
@@ -41,8 +41,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "speed"), str(ROOT / "bench" / "
 
 import learning_proof  # noqa: E402  (bench/experiments/learning_proof.py: its trainer builder and random shapes)
 
-from mcp_rl import parts, pipeline  # noqa: E402
-from mcp_rl.config import apply_overrides, load_config  # noqa: E402
+from mcp_rl.runs import parts  # noqa: E402
+from mcp_rl.runs import pipeline  # noqa: E402
+from mcp_rl.runs.config import apply_overrides, load_config  # noqa: E402
 
 
 def set_mode(trainer, mode: dict) -> None:

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl.connect import ToolSession  # noqa: E402
+from mcp_rl.mcp.connect import ToolSession  # noqa: E402
 from mcp_rl.environments.company import command as company_server_command
-from mcp_rl.launch import HttpServer  # noqa: E402
+from mcp_rl.mcp.launch import HttpServer  # noqa: E402
 
 SQL = "SELECT e.name, d.name FROM employees e JOIN departments d ON e.department_id = d.id LIMIT 5"
 

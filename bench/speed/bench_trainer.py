@@ -32,9 +32,9 @@ if str(ROOT) not in sys.path:
 
 import art  # noqa: E402
 
-from mcp_rl.local_policy import LocalPolicy, art_tokenizer, load_local_model, load_local_tokenizer  # noqa: E402
-from mcp_rl.policy import choice_from_text  # noqa: E402
-from mcp_rl.train import PortableTrainer  # noqa: E402
+from mcp_rl.policies.local_policy import LocalPolicy, art_tokenizer, load_local_model, load_local_tokenizer  # noqa: E402
+from mcp_rl.policies.policy import choice_from_text  # noqa: E402
+from mcp_rl.training.portable import PortableTrainer  # noqa: E402
 
 # The Qwen2.5-3B shape is defined once, in the generation bench beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

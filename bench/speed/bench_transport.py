@@ -1,7 +1,7 @@
 """Benchmark 1: tool-call overhead per MCP transport, one session per rollout vs. a new session per call.
 
 What it measures, on the real company server (mcp_server.py over a fresh build of its build_db.py):
-  - long-lived: one `mcp_rl.connect.ToolSession` held open for all calls (what our rollout does);
+  - long-lived: one `mcp_rl.mcp.connect.ToolSession` held open for all calls (what our rollout does);
     its connect (handshake), tool listing and close are timed separately from the calls.
   - per-call session: a new `fastmcp.Client` opened and closed around every call (the pattern of
     ART's MCP-RL notebooks and the tutorial: `async with Client(...)` inside the tool-call helper);
@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # mcp_server.py is a top-level script, not a package
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl.connect import ToolSession, make_client  # noqa: E402
+from mcp_rl.mcp.connect import ToolSession, make_client  # noqa: E402
 from mcp_rl.environments.company import command as company_server_command
-from mcp_rl.launch import serve_http  # noqa: E402
+from mcp_rl.mcp.launch import serve_http  # noqa: E402
 
 TRANSPORTS = ("inprocess", "stdio", "http")
 now = time.perf_counter

@@ -44,7 +44,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_trainer import QWEN3B, TINY, bench_mode, groups_for, save_random_model  # noqa: E402
 
-from mcp_rl.local_policy import art_tokenizer, load_local_model  # noqa: E402
+from mcp_rl.policies.local_policy import art_tokenizer, load_local_model  # noqa: E402
 
 
 def sequences(tok, groups) -> list[dict]:

@@ -65,10 +65,10 @@ def _reset() -> None:
 
 def build(backend: str, model_dir: str, args):
     """(trainer, policy) for `backend`, float16, 4-bit base."""
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.training.portable import PortableTrainer
 
     if backend == "unsloth":
-        from mcp_rl.unsloth_loader import UnslothPolicy, load_unsloth_model
+        from mcp_rl.policies.unsloth_loader import UnslothPolicy, load_unsloth_model
 
         model, tok = load_unsloth_model(model_dir, load_in_4bit=True, dtype="float16", max_seq_len=args.max_seq_len,
                                         lora_r=8, lora_alpha=16)
@@ -76,7 +76,7 @@ def build(backend: str, model_dir: str, args):
         trainer = PortableTrainer(policy, learning_rate=1e-5, micro_batch_size=args.micro, max_seq_len=args.max_seq_len,
                                   precision="fp16")
     else:
-        from mcp_rl.local_policy import LocalPolicy, load_local_model
+        from mcp_rl.policies.local_policy import LocalPolicy, load_local_model
 
         model, tok = load_local_model(model_dir, quantize_4bit=True, dtype="float16")
         policy = LocalPolicy(model, tok, name="qwen3b-shape", max_batch=64, batch_wait_s=0.05)
@@ -121,7 +121,7 @@ async def bench_grpo_step(trainer, policy, args) -> dict:
 
     import mcp_server
     from mcp_rl.rollout import RolloutConfig, gather_rollouts
-    from mcp_rl.scenarios import load_scenarios
+    from mcp_rl.tasks.scenarios import load_scenarios
 
     server = mcp_server.build_server(Path(tempfile.mkdtemp()) / "company.db")
     scenarios = load_scenarios(ROOT / "data" / "scenarios.jsonl", split="train")[:4]

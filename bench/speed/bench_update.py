@@ -1,4 +1,4 @@
-"""Benchmark: the GRPO update alone, padded (today's) vs packed (mcp_rl/packing.py), on the same sequences.
+"""Benchmark: the GRPO update alone, padded (today's) vs packed (mcp_rl/training/packing.py), on the same sequences.
 
 bench/speed/bench_step.py times whole steps, whose modes sample their own rollouts (trained tokens differ up to 4x
 between modes in one step). This one feeds both update paths the same synthetic step: STEP_SEQS sequences
@@ -77,7 +77,7 @@ def update(trainer, seqs: list[dict]) -> dict:
     """train_step's update without ART's tokenizer: the same micro-batches, loss, backward and optimizer step."""
     import torch
 
-    from mcp_rl.loss import grpo_loss
+    from mcp_rl.training.loss import grpo_loss
 
     cuda = trainer.device.type == "cuda"
     if cuda:
@@ -106,7 +106,7 @@ def update(trainer, seqs: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from mcp_rl.train import PortableTrainer
+    from mcp_rl.training.portable import PortableTrainer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=("gemma3-270m", "smollm2", "qwen3b", "tiny"), default="gemma3-270m")

@@ -8,7 +8,7 @@ What it holds (mcp_rl.environment.Environment): the server (server.py; the repos
 runs it), its database builder (build_db.py, data/company.db), the grounded question templates
 (templates.py) and their tasks (data/scenarios.jsonl), demonstrations that replay a task's reference
 query with the server's tool names, and counterfactual worlds: perturbed copies of the database
-served by the same server code, on which a right answer's lookups are replayed (mcp_rl.counterfactual).
+served by the same server code, on which a right answer's lookups are replayed (mcp_rl.rewards.counterfactual).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mcp_rl.demonstrations import sql_plan
+from mcp_rl.tasks.demonstrations import sql_plan
 from mcp_rl.environment import Environment
 
 NAME = "company"
@@ -39,10 +39,10 @@ def command(db: str | Path | None = None) -> list[str]:
 
 def worlds(db: str | Path | None = None, *, k: int = 4, seed: int = 0):
     """K counterfactual worlds of the database `db` (data/company.db), each served by server.py's code."""
-    from mcp_rl.counterfactual import SQLiteWorlds
+    from mcp_rl.rewards.counterfactual import SQLiteWorlds
 
-    from .build_db import DEFAULT_PATH
-    from .server import CompanyDB, build_server
+    from mcp_rl.build_db import DEFAULT_PATH
+    from mcp_rl.server import CompanyDB, build_server
 
     path = Path(db) if db else DEFAULT_PATH
     if not path.exists():
@@ -53,7 +53,7 @@ def worlds(db: str | Path | None = None, *, k: int = 4, seed: int = 0):
 def environment(db: str | Path | None = None, *, server: Any = None) -> Environment:
     """The company environment on database `db`, its server started over HTTP per use; `server`: the
     same server already given as a spec (a stdio command line, its FastMCP object), used as it is."""
-    from .templates import company_templates
+    from mcp_rl.templates import company_templates
 
     return Environment(NAME, server=server, command=None if server is not None else command(db),
                        scenarios=SCENARIOS, plan=PLAN, worlds=functools.partial(worlds, db),

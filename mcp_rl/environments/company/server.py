@@ -304,7 +304,7 @@ def build_server(db_path: str | os.PathLike | None = None, *, timeout_s: float =
     mcp = FastMCP("company-db", auth=auth, instructions=(
         "A read-only SQLite database of a company: departments, employees, projects. "
         "Use list_tables and describe_table to learn the schema, then run_query with one SELECT."))
-    mcp.company_db = db.path  # mcp_rl.counterfactual replays lookups against perturbed copies of this file
+    mcp.company_db = db.path  # mcp_rl.rewards.counterfactual replays lookups against perturbed copies of this file
 
     @mcp.tool(annotations=READ_ONLY)
     def list_tables() -> str:

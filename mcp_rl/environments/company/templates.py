@@ -1,6 +1,6 @@
 """The company environment's grounded question templates: questions about its schema (departments,
 employees, projects), parameterised by values read live from the database through the server's own
-SQL tool; mcp_rl/grounded.py draws instances from them and computes each answer through the server.
+SQL tool; mcp_rl/tasks/grounded.py draws instances from them and computes each answer through the server.
 
     scenarios = await grounded_scenarios(session, 300, templates=company_templates)
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from mcp_rl.context import run_sql_all
-from mcp_rl.grounded import Template, quoted_params
+from mcp_rl.tasks.context import run_sql_all
+from mcp_rl.tasks.grounded import Template, quoted_params
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ async def company_templates(session, ctx) -> list[Template]:
         T("dept_of", 2, ["lookup", "join"], ["Which department does {who} work in?", "What department is {who} in?"],
           "SELECT d.name FROM " + ED + " WHERE e.name = {q_who}", [quoted_params(who=w) for w in people], "one"),
         # Below: questions whose answers rarely repeat (sums, averages, dates, names), so the answer
-        # cap (mcp_rl/balance.py) that turns away the common small counts leaves enough to draw from.
+        # cap (mcp_rl/tasks/balance.py) that turns away the common small counts leaves enough to draw from.
         T("role_payroll", 2, ["aggregate", "filter"], ["What is the combined yearly salary of all employees with the job title {role}?",
           "Adding up their salaries, how much is paid per year to the people working as {role}?"],
           "SELECT SUM(salary) FROM employees WHERE role = {q_role}", [quoted_params(role=r) for r in roles]),

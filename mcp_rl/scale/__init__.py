@@ -1,0 +1,1 @@
+"""Past one process: data parallelism (torch.distributed) and remote rollout workers."""
