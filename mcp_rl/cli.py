@@ -31,7 +31,7 @@ from pathlib import Path
 from mcp_rl.runs import flags
 from mcp_rl.runs.config import PRESETS, Config
 from mcp_rl.environment import environment
-from mcp_rl.environments import DEFAULT
+from mcp_rl.environments import DEFAULT, names
 
 ROLLOUT = flags.flags_of("rollout")  # every RolloutConfig field a flag can set
 EVAL_ROLLOUT = tuple(p for p in ROLLOUT if p != "rollout.temperature") + ("train.eval_temperature",)
@@ -79,8 +79,13 @@ def cmd_scenarios(a) -> int:
     kw = {}
     if a.generator == "llm":
         kw = {"generator_model": a.model, "base_url": a.base_url, "api_key": os.environ.get(a.api_key_env)}
+    if a.templates and a.templates not in names():
+        print(f"error: --templates names a shipped environment ({', '.join(names())}), got {a.templates[:40]!r}",
+              file=sys.stderr)
+        return 2
+    templates = environment(a.templates or cfg.server).templates
     n = _with_server(cfg, lambda s: generate_to_file(s, a.generator, a.n, a.out, a.seed, policy=cfg.tool_policy(),
-                                                     max_answer_share=a.max_answer_share, **kw))
+                                                     max_answer_share=a.max_answer_share, templates=templates, **kw))
     print(f"wrote {n if isinstance(n, int) else len(n)} scenarios to {a.out}")
     return 0
 
@@ -222,6 +227,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-answer-share", type=float, default=0.02,
                     help="most of a split's verified tasks one constant answer may pass (at least one task "
                          "per value); scenarios over it are dropped (mcp_rl/tasks/balance.py)")
+    sp.add_argument("--templates", default=None, metavar="ENV",
+                    help="grounded: the question templates of a shipped environment (e.g. company) for a server that "
+                         "serves its database; default: those of the environment --server names, if any")
     sp.add_argument("--model", default="openai/gpt-4.1-mini", help="generator model (llm)")
     sp.add_argument("--base-url", default="https://openrouter.ai/api/v1", help="generator endpoint (llm)")
     sp.add_argument("--api-key-env", default="OPENROUTER_API_KEY")

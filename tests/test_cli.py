@@ -331,3 +331,10 @@ def test_a_field_name_two_sections_share_gets_its_sections_flag():
     p.add_argument("--temperature")  # as if another section had it first
     flags.add_flags(p, "rollout", ("rollout.temperature",))
     assert flags.given(p.parse_args(["--rollout-temperature", "0.5"])) == {"rollout.temperature": 0.5}
+
+
+def test_scenarios_templates_must_name_a_shipped_environment(tmp_path, capsys):
+    out = tmp_path / "s.jsonl"
+    code = cli.main(["scenarios", "--server", "mcp_server.py", "--templates", "nope", "--n", "3", "--out", str(out)])
+    assert code == 2 and not out.exists()
+    assert "--templates names a shipped environment (company), got 'nope'" in capsys.readouterr().err

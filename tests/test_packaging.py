@@ -2,6 +2,7 @@
 vLLM and the light Unsloth one, must resolve for Python 3.12 on manylinux, so a pin that would break
 Colab fails CI here). Run: pytest tests/test_packaging.py"""
 
+import ast
 import json
 import re
 import subprocess
@@ -110,3 +111,61 @@ def test_every_relative_link_in_the_readme_and_docs_resolves():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not target.startswith(("http://", "https://", "mailto:")):
                 assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to {target}, which is missing"
+
+
+def _absolute(node: ast.ImportFrom, path: Path) -> str | None:
+    """The module an ImportFrom names, relative ones resolved against `path`'s package."""
+    if not node.level:
+        return node.module
+    package = path.relative_to(ROOT).parent.parts[: len(path.relative_to(ROOT).parent.parts) - node.level + 1]
+    return ".".join([*package, *([node.module] if node.module else [])])
+
+
+def _module_imports(path: Path) -> tuple[set[str], set[str]]:
+    """(mcp_rl modules imported at module level, private names imported from another mcp_rl module)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            node.module, node.level = _absolute(node, path), 0
+    mods, private = set(), set()
+    for node in tree.body:  # module level only: an import inside a function is a deliberate late one
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mcp_rl"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                mods.add(sub if (ROOT / (sub.replace(".", "/") + ".py")).exists() else node.module)
+        elif isinstance(node, ast.Import):
+            mods |= {a.name for a in node.names if a.name.startswith("mcp_rl")}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mcp_rl"):
+            private |= {f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")
+                        and a.name != "__version__"}
+    return mods, private
+
+
+def _package_modules() -> dict[str, Path]:
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in (ROOT / "mcp_rl").rglob("*.py")}
+
+
+def test_the_package_has_no_import_cycles_and_no_private_names_cross_modules():
+    modules = _package_modules()
+    graph, crossing = {}, []
+    for name, path in modules.items():
+        mods, private = _module_imports(path)
+        graph[name] = {m for m in mods if m in modules and m != name}
+        crossing += [f"{name} imports {p}" for p in private]
+    assert not crossing, crossing
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:  # depth-first; a grey node met again closes a cycle
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])

@@ -41,8 +41,8 @@ def worlds(db: str | Path | None = None, *, k: int = 4, seed: int = 0):
     """K counterfactual worlds of the database `db` (data/company.db), each served by server.py's code."""
     from mcp_rl.rewards.counterfactual import SQLiteWorlds
 
-    from mcp_rl.build_db import DEFAULT_PATH
-    from mcp_rl.server import CompanyDB, build_server
+    from .build_db import DEFAULT_PATH
+    from .server import CompanyDB, build_server
 
     path = Path(db) if db else DEFAULT_PATH
     if not path.exists():
@@ -53,7 +53,7 @@ def worlds(db: str | Path | None = None, *, k: int = 4, seed: int = 0):
 def environment(db: str | Path | None = None, *, server: Any = None) -> Environment:
     """The company environment on database `db`, its server started over HTTP per use; `server`: the
     same server already given as a spec (a stdio command line, its FastMCP object), used as it is."""
-    from mcp_rl.templates import company_templates
+    from .templates import company_templates
 
     return Environment(NAME, server=server, command=None if server is not None else command(db),
                        scenarios=SCENARIOS, plan=PLAN, worlds=functools.partial(worlds, db),
