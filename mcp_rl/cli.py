@@ -138,6 +138,7 @@ def cmd_audit_reward(a) -> int:
     """Cheating policies through the real loop and reward: exit 1 when one earns more than --max-success."""
     from mcp_rl.runs.parts import check_tools
     from mcp_rl.rewards.reward_audit import audit_reward
+    from mcp_rl.tasks.demonstrations import demonstrable
 
     cfg = flags.config(a, Config(server=DEFAULT), trains=False)
     scenarios = _scenarios(cfg.scenarios, a.split, a.n)
@@ -145,7 +146,7 @@ def cmd_audit_reward(a) -> int:
         print(f"error: {cfg.scenarios} has no verified scenarios in split {a.split!r}", file=sys.stderr)
         return 2
     env = environment(cfg.server)  # its demonstrations replay each scenario's reference
-    demos = env.demonstrations(scenarios) if all(s.reference for s in scenarios) and not a.no_demonstrations else None
+    demos = env.demonstrations(scenarios) if all(map(demonstrable, scenarios)) and not a.no_demonstrations else None
 
     async def go(server):
         await check_tools(server, cfg)

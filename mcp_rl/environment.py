@@ -7,6 +7,11 @@ and how to start it, its tasks, their reward, optional demonstrations and counte
     run = open_run(cfg, env=env)                  # the run, its evaluation and training use it
     with env.serve(token) as spec: ...            # the server while a block runs (started when it has to be)
 
+Stateful servers: `episode(scenario)` gives each rollout its own server or state (an `Episode`: the spec
+to talk to, the state, tool arguments bound and hidden from the model), torn down after the rollout;
+`score(trajectory, scenario, episode)` is the environment's own check of the outcome, run before that.
+`stdio_episodes(command)` makes one for a stdio server: a private temp folder and environment per rollout.
+
 The library itself names no server: `environment(spec)` asks each environment shipped under
 mcp_rl/environments/ whether it recognises the spec (its name, its script's command line, its FastMCP
 object), and otherwise wraps the spec as it is, with no demonstrations and no counterfactual worlds.
@@ -17,8 +22,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
+import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncContextManager, Awaitable, Callable
+
+
+@dataclass
+class Episode:
+    """One rollout's own server: the spec its session talks to, the environment's state for it, and
+    tool arguments bound for every call that takes them and hidden from the model's schemas."""
+
+    spec: Any
+    state: Any = None
+    bind: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -36,12 +54,18 @@ class Environment:
     plan: Callable[[Any], list[dict]] | None = None  # a task's demonstration: its tool calls, then complete_task
     worlds: Callable[[], Any] | None = None  # counterfactual worlds (mcp_rl.rewards.counterfactual) for replaying lookups
     templates: Callable[..., Any] | None = None  # async (session, sql_tool) -> grounded question templates
+    # per rollout (stateful servers): scenario (None: a session with no task, e.g. listing tools) -> Episode
+    episode: Callable[[Any], AsyncContextManager[Episode]] | None = None
+    # the environment's own reward, before the episode is torn down: a score in [0, 1], or
+    # {"score": s, "<name>": sub-score, ...}; it stands where a verified answer would
+    score: Callable[[Any, Any, Episode], Awaitable[float | dict]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"an Environment needs a name (a short label for reports), got {self.name!r}")
-        if self.server is None and not self.command:
-            raise ValueError(f"environment {self.name!r} needs a server (a spec) or a command that serves it over HTTP")
+        if self.server is None and not self.command and self.episode is None:
+            raise ValueError(f"environment {self.name!r} needs a server (a spec), a command that serves it over HTTP, "
+                             "or an episode factory (a server or state per rollout)")
         from mcp_rl.rewards.score import check_custom
 
         self.rewards = [check_custom(item, i) for i, item in enumerate(self.rewards or [])]
@@ -50,12 +74,14 @@ class Environment:
     def serve(self, token: str | None = None):
         """The ServerSpec rollouts use while the block runs: `command` started over HTTP on a free port
         (stopped after the block), an http(s) URL with a bearer `token` as {"url", "token"}, anything
-        else as it is.
+        else as it is; an environment with `episode` is its own spec (each session opens an episode).
 
         >>> with Environment("x", server="http://127.0.0.1:9/mcp").serve("t") as spec: spec
         {'url': 'http://127.0.0.1:9/mcp', 'token': 't'}
         """
-        if self.command:
+        if self.episode is not None:
+            yield self
+        elif self.command:
             from mcp_rl.mcp.launch import HttpServer
 
             with HttpServer(self.command, token=token) as started:
@@ -69,6 +95,8 @@ class Environment:
         """For notebooks: the server started now and kept up across cells (`.spec`, `.alive`, `.stop()`)."""
         from mcp_rl.mcp.launch import HttpServer, Running
 
+        if self.episode is not None:
+            return Running(self)
         return HttpServer(self.command, token=token).start() if self.command else Running(self.server)
 
     def configure(self, cfg):
@@ -89,17 +117,46 @@ class Environment:
         return cfg
 
     def demonstrations(self, scenarios, tokenizer: Any = None):
-        """A policy that plays `plan` for each of `scenarios` (mcp_rl.policies.policy.DemonstrationPolicy), or None
-        when this environment has no plan or a scenario has nothing to demonstrate."""
-        if self.plan is None:
+        """A policy that plays `plan` for each of `scenarios` (mcp_rl.policies.policy.DemonstrationPolicy); without
+        a plan, tasks that all carry gold actions (`extra["actions"]`) replay those; else None."""
+        from mcp_rl.tasks.demonstrations import actions_plan
+
+        plan = self.plan
+        if plan is None and scenarios and all((getattr(s, "extra", None) or {}).get("actions") for s in scenarios):
+            plan = actions_plan  # tasks that carry their gold actions demonstrate themselves, on any server
+        if plan is None:
             return None
         from mcp_rl.policies.policy import DemonstrationPolicy
 
-        return DemonstrationPolicy(scenarios, self.plan, tokenizer=tokenizer)
+        return DemonstrationPolicy(scenarios, plan, tokenizer=tokenizer)
 
     def counterfactual(self):
         """Fresh counterfactual worlds for replaying a right answer's lookups, or None (not replayed)."""
         return self.worlds() if self.worlds is not None else None
+
+
+def stdio_episodes(command: str | list[str], env: dict[str, str] | None = None, *, folder_var: str = "MCP_RL_ROLLOUT_DIR"):
+    """An `episode` factory for a stdio server that keeps state on disk: each rollout starts its own
+    process with `env` plus `folder_var` set to a private temp folder, removed after the rollout
+    (the server should keep its state there, e.g. a copy of its database).
+
+    >>> import asyncio
+    >>> async def one():
+    ...     async with stdio_episodes("python server.py", {"A": "1"})(None) as ep:
+    ...         return ep.spec["env"]["A"], os.path.isdir(ep.spec["env"]["MCP_RL_ROLLOUT_DIR"])
+    >>> asyncio.run(one())
+    ('1', True)
+    """
+    @contextlib.asynccontextmanager
+    async def episode(scenario):
+        folder = tempfile.mkdtemp(prefix="mcp-rl-rollout-")
+        try:
+            spec = {"command": command, "env": {**(env or {}), folder_var: folder}}
+            yield Episode(spec, state=Path(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return episode
 
 
 def environment(spec: Any) -> Environment:
@@ -117,4 +174,4 @@ def environment(spec: Any) -> Environment:
     return Environment(str(label)[:80] or "server", server=spec)
 
 
-__all__ = ["Environment", "environment"]
+__all__ = ["Environment", "Episode", "environment", "stdio_episodes"]

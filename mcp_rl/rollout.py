@@ -110,7 +110,7 @@ def _new_trajectory(policy, scenario, cfg: RolloutConfig, tools: list[dict]) -> 
 
 # Fatal reasons that are no fault of the policy: such a rollout is left out of its GRPO group
 # (pipeline.train_step) instead of being scored, and trained on, as the policy's mistake.
-OUTSIDE_POLICY = ("policy failed", "server died", "server unavailable", "rollout exceeded")
+OUTSIDE_POLICY = ("policy failed", "server died", "server unavailable", "rollout exceeded", "environment score failed")
 
 
 def failed_outside_policy(traj: art.Trajectory) -> bool:
@@ -208,7 +208,8 @@ async def _loop(policy, session: ToolSession, traj: art.Trajectory, cfg: Rollout
 async def rollout(policy, server, scenario, cfg: RolloutConfig | None = None) -> art.Trajectory:
     """Run one episode of `scenario` with `policy` against `server`.
 
-    `server` is a ServerSpec (a session is opened and closed for this rollout) or
+    `server` is a ServerSpec (a session is opened and closed for this rollout; an Environment with
+    per-rollout episodes opens one for `scenario` and scores it before tearing it down) or
     an open `ToolSession` (one opened without a policy gets `cfg.tool_policy`). Never raises for
     anything the agent, policy or server does: failures come back as a trajectory with
     `metrics["fatal"] = True`. Raises ToolPolicyError (SideEffectsRefused, a ValueError) when
@@ -228,10 +229,11 @@ async def rollout(policy, server, scenario, cfg: RolloutConfig | None = None) ->
             else:
                 async with ToolSession(
                     server, call_timeout=cfg.call_timeout, max_result_chars=cfg.max_result_chars,
-                    policy=tool_policy,
+                    policy=tool_policy, scenario=scenario,  # an environment's episode is opened for this task
                 ) as session:
                     traj.tools = [*(await session.openai_tools()), COMPLETE_TOOL]
                     await _loop(policy, session, traj, cfg)
+                    await session.score(traj, scenario)  # the environment's own check, before its teardown
     except ToolPolicyError:
         raise
     except TimeoutError:

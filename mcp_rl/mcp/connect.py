@@ -88,9 +88,13 @@ class ToolSession:
 
     def __init__(self, spec: ServerSpec, *, call_timeout: float = 30.0, max_result_chars: int = 4000,
                  token: str | None = None, headers: dict | None = None,
-                 connect_timeout: float = 30.0, policy: ToolPolicy | None = None):
+                 connect_timeout: float = 30.0, policy: ToolPolicy | None = None, scenario: Any = None):
         self.spec, self.call_timeout, self.max_result_chars = spec, call_timeout, max_result_chars
-        self.policy = policy
+        self.policy, self.scenario = policy, scenario
+        # An environment with per-rollout episodes (mcp_rl.environment) is a spec too: the session opens
+        # one episode for `scenario` and talks to its server, with its bound arguments hidden.
+        self.episode: Any = None
+        self._episode_cm: Any = None
         self._token, self._headers, self._connect_timeout = token, headers, connect_timeout
         self._client: fastmcp.Client | None = None
         self._stderr = None
@@ -116,12 +120,12 @@ class ToolSession:
         return f"\nServer stderr (last lines):\n{redact(tail)}" if tail else ""
 
     async def __aenter__(self) -> "ToolSession":
-        spec = self.spec
+        spec = await self._open_episode() if getattr(self.spec, "episode", None) is not None else self.spec
         stdio = is_stdio(spec)
         # A stdio server's stderr (banners, logs) would interleave with ours for every rollout;
         # keep it in a temp file and quote its tail when the server fails.
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") if stdio else None
-        self._client = make_client(self.spec, token=self._token, headers=self._headers,
+        self._client = make_client(spec, token=self._token, headers=self._headers,
                                    timeout=self.call_timeout, connect_timeout=self._connect_timeout,
                                    log_file=self._stderr, message_handler=self._on_message)
         try:
@@ -146,6 +150,32 @@ class ToolSession:
                 await self._close_quietly()
                 raise
         return self
+
+    async def _open_episode(self) -> Any:
+        self._episode_cm = self.spec.episode(self.scenario)
+        try:
+            self.episode = await self._episode_cm.__aenter__()
+        except Exception as e:  # counted as the server's failure (rollout: "server unavailable"), never dropped silently
+            self._episode_cm = None
+            raise ServerUnavailable(f"{describe_spec(self.spec)} could not start an episode: "
+                                    f"{type(e).__name__}: {short(redact(str(e)))}") from e
+        return self.episode.spec
+
+    async def score(self, traj: Any, scenario: Any) -> None:
+        """The environment's own reward for this episode (`Environment.score`), before it is torn down:
+        traj.metrics["env_reward"] and "env_reward/<name>" for sub-scores. A scorer that raises marks the
+        rollout fatal ("environment score failed"): no fault of the policy, so it is left out of training."""
+        scorer = getattr(self.spec, "score", None)
+        if self.episode is None or scorer is None or traj.metrics.get("fatal"):
+            return
+        try:
+            value = await scorer(traj, scenario, self.episode)
+            parts = dict(value) if isinstance(value, dict) else {"score": value}
+            traj.metrics["env_reward"] = min(1.0, max(0.0, float(parts.pop("score"))))
+            traj.metrics.update({f"env_reward/{k}": float(v) for k, v in parts.items()})
+        except Exception as e:  # noqa: BLE001
+            traj.metrics["fatal"] = True
+            traj.metadata["fatal_reason"] = f"environment score failed: {type(e).__name__}: {short(str(e))}"
 
     async def _auth_refused(self) -> str:
         """A sentence when a plain request to the HTTP server is refused for authentication (401/403):
@@ -181,6 +211,12 @@ class ToolSession:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+        episode_cm, self._episode_cm = self._episode_cm, None
+        if episode_cm is not None:
+            try:
+                await episode_cm.__aexit__(None, None, None)
+            except Exception as e:  # noqa: BLE001 - a teardown failure is logged; the rollout is already scored
+                log.warning("%s: tearing down an episode failed: %s", describe_spec(self.spec), redact(repr(e))[:300])
 
     async def __aexit__(self, *exc) -> None:
         await self._close_quietly()
@@ -238,8 +274,11 @@ class ToolSession:
     async def openai_tools(self) -> list[dict]:
         """The server's tools as OpenAI function schemas (computed once per session)."""
         if self._openai is None:
-            self._openai = [mcp_tool_to_openai(t) for t in await self.list_tools()]
+            self._openai = [hide_bound(mcp_tool_to_openai(t), self._bound()) for t in await self.list_tools()]
         return self._openai
+
+    def _bound(self) -> dict:
+        return dict(self.episode.bind) if self.episode is not None else {}
 
     async def list_resources(self) -> list:
         """The server's MCP Resource objects; [] for a server that has no resources."""
@@ -294,6 +333,10 @@ class ToolSession:
         if name not in names:
             return ToolResult(f"Unknown tool {short(name)}. Available tools: {', '.join(names) or '(none)'}.",
                               True, "unknown_tool")
+        bound = self._bound()
+        if bound:  # the episode's values, never the model's (state_key-like arguments it does not see)
+            params = (tools[names.index(name)].input_schema or {}).get("properties") or {}
+            arguments = {**arguments, **{k: v for k, v in bound.items() if k in params}}
         try:
             # The request timeout is fastmcp's; fail_after is a backstop should a transport never answer.
             with anyio.fail_after(self.call_timeout + 10):
@@ -376,3 +419,20 @@ async def tools_table(spec: ServerSpec, policy: ToolPolicy | None = None, **sess
 async def print_tools(spec: ServerSpec, **session_kw: Any) -> None:
     """Print `tools_json(spec)`: `python -m mcp_rl tools --server SPEC`."""
     print(await tools_json(spec, **session_kw))
+
+
+def hide_bound(schema: dict, bound: dict) -> dict:
+    """An OpenAI tool schema without the arguments an episode binds (they are set for every call).
+
+    >>> s = {"type": "function", "function": {"name": "t", "parameters": {"type": "object",
+    ...      "properties": {"q": {}, "state_key": {}}, "required": ["q", "state_key"]}}}
+    >>> hide_bound(s, {"state_key": "r1"})["function"]["parameters"]
+    {'type': 'object', 'properties': {'q': {}}, 'required': ['q']}
+    """
+    params = schema.get("function", {}).get("parameters") or {}
+    if not bound or not set(bound) & set(params.get("properties") or {}):
+        return schema
+    params = {**params, "properties": {k: v for k, v in params["properties"].items() if k not in bound}}
+    if "required" in params:
+        params["required"] = [r for r in params["required"] if r not in bound]
+    return {**schema, "function": {**schema["function"], "parameters": params}}

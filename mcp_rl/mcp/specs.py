@@ -197,6 +197,8 @@ def describe_spec(spec: ServerSpec) -> str:
     """
     if isinstance(spec, fastmcp.FastMCP):
         return f"in-process FastMCP server {spec.name!r}"
+    if getattr(spec, "episode", None) is not None:  # an mcp_rl Environment: a server per rollout
+        return f"environment {str(getattr(spec, 'name', '?'))[:60]!r} (a server per rollout)"
     if isinstance(spec, dict):
         if "mcpServers" in spec:
             return f"MCP config with servers {sorted(spec['mcpServers'])}"

@@ -256,7 +256,8 @@ async def audit_reward(server, scenarios: Sequence[Any], reward_cfg: RewardConfi
     rcfg = RolloutConfig(**{**vars(rollout_cfg or RolloutConfig()), "temperature": 0.0})
     worlds = environment(server).counterfactual() if counterfactual == "auto" else counterfactual  # built once for the battery
     async with (worlds if hasattr(worlds, "__aenter__") else contextlib.nullcontext(worlds)):
-        if isinstance(server, ToolSession):
+        if isinstance(server, ToolSession) or getattr(server, "episode", None) is not None:
+            # an environment with per-rollout state: each episode opens its own (shared state would leak)
             return await _audit(server, scenarios, reward_cfg, rcfg, demonstrations, threshold, worlds)
         # One session for the whole battery: thousands of short scripted episodes, where opening a session
         # each (HTTP, stdio) would cost more than the episodes. Read-only servers only: rollouts refuse others.

@@ -272,6 +272,9 @@ def _apply(traj: art.Trajectory, expected: Any, cfg: RewardConfig, sid: str, *, 
             # Logged both ways: the hack monitor counts correct answers the evidence rule refused.
             m["answer_correct"], m["grounded"] = correct, grounded
             values["verified"] = grounded if cfg.require_evidence else correct
+    elif "env_reward" in m:  # the environment's own check of the outcome (Environment.score) stands for it
+        values["verified"] = float(m["env_reward"])
+        m["answer_correct"] = m["grounded"] = float(values["verified"] >= cfg.success_threshold)
     if ruler is not None:
         values["ruler"] = ruler
     elif judge_failed and "verified" in values:
@@ -365,12 +368,13 @@ async def score_group(group: art.TrajectoryGroup, scenario: Any, cfg: RewardConf
             if cfg.on_judge_failure == "skip":
                 log.warning("skipping group for scenario %s: judge failed (%s); on_judge_failure='skip'", sid, reason)
                 return None
-            if expected is None:
+            if not any("env_reward" in t.metrics for t in group.trajectories) and expected is None:
                 log.warning("skipping group for scenario %s: judge failed (%s) and the scenario has no "
                             "verified answer to fall back on", sid, reason)
                 return None
             log.warning("scenario %s: judge failed (%s); scoring by the verified answer", sid, reason)
-    rewardable = (expected is not None and cfg.verified_weight + (cfg.ruler_weight if judge_failed else 0) > 0
+    checked = expected is not None or any("env_reward" in t.metrics for t in group.trajectories)
+    rewardable = (checked and cfg.verified_weight + (cfg.ruler_weight if judge_failed else 0) > 0
                   ) or (scores is not None and cfg.ruler_weight > 0) or any(w > 0 for _, _, w in cfg.custom)
     if not rewardable:
         log.warning("skipping group for scenario %s: no verified answer and no judge score or custom reward "

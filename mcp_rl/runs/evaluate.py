@@ -142,13 +142,15 @@ async def evaluate(policy, server, scenarios, *, label: str, rollout_cfg: Rollou
 
     `counterfactual` (worlds, Environment.counterfactual()): right answers' lookups are replayed on
     them first, as training's score_group does, so "grounded" means the same in both."""
-    if any(s.answer is None for s in scenarios):
-        raise ValueError("evaluation needs scenarios with verified answers (scenario.answer set)")
+    scored = getattr(server, "score", None) is not None  # an environment that checks its own tasks
+    if not scored and any(s.answer is None for s in scenarios):
+        raise ValueError("evaluation needs scenarios with verified answers (scenario.answer set), or an environment "
+                         "that scores its own tasks (Environment.score)")
     reward_cfg = reward_cfg or RewardConfig()
     groups = await gather_rollouts(policy, server, scenarios, rollout_cfg, group_size=k, desc=f"eval {label}")
     if counterfactual is not None and reward_cfg.counterfactual:
         async with (counterfactual if hasattr(counterfactual, "__aenter__") else contextlib.nullcontext()):
-            for group, s in zip(groups, scenarios):
+            for group, s in ((g, s) for g, s in zip(groups, scenarios) if s.answer is not None):
                 await replay_group(group.trajectories, s.answer, s, reward_cfg, counterfactual, s.id)
     return summarize(rows_from_groups(groups, scenarios, reward_cfg), label), groups
 

@@ -20,6 +20,7 @@ import art
 from mcp_rl.scale import distributed
 from mcp_rl.mcp.audit import log_tool_calls
 from mcp_rl.runs.config import Config
+from mcp_rl.tasks.demonstrations import demonstrable
 from mcp_rl.environment import Environment, environment
 from mcp_rl.runs.evaluate import EvalResult, evaluate
 from mcp_rl.rewards.evidence import monitor
@@ -53,10 +54,11 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def load_splits(cfg: Config) -> tuple[list, list, list]:
-    """(train, val, test) verified scenarios of `cfg.scenarios`; val and test capped at eval_scenarios."""
-    scenarios = load_scenarios(cfg.scenarios)
-    split = lambda name: [s for s in scenarios if s.split == name and s.answer is not None]  # noqa: E731
+def load_splits(cfg: Config, env: Environment | None = None) -> tuple[list, list, list]:
+    """(train, val, test) checkable scenarios of `cfg.scenarios` (a verified answer, or any task where the
+    environment scores its own, `Environment.score`); val and test capped at eval_scenarios."""
+    scenarios, scored = load_scenarios(cfg.scenarios), env is not None and env.score is not None
+    split = lambda name: [s for s in scenarios if s.split == name and (scored or s.answer is not None)]  # noqa: E731
     train, val, test = split("train"), split("val")[: cfg.train.eval_scenarios], split("test")[: cfg.train.eval_scenarios]
     if not train or not test:
         raise ValueError(f"{cfg.scenarios} needs verified scenarios in the train and test splits "
@@ -87,15 +89,15 @@ async def audit_before_training(server, train, cfg: Config, run_dir: Path | None
     if cfg.reward.audit_max_success >= 1 or cfg.reward.audit_scenarios == 0:
         _log("reward audit | off (reward.audit_max_success=1.0 or reward.audit_scenarios=0): cheats were not checked")
         return None
-    verified = [s for s in train if s.answer is not None]  # what a cheat could be paid for
+    env = _env(cfg, env)
+    verified = [s for s in train if s.answer is not None or env.score is not None]  # what a cheat could be paid for
     scenarios = verified[: cfg.reward.audit_scenarios] if cfg.reward.audit_scenarios else verified
     if not scenarios:
         _log("reward audit | no training task has a verified answer: the audit needs some (RULER and custom "
              "rewards are audited on them too)")
         return None
     # The environment's demonstrations (where every task has a reference to replay) give the honest row.
-    env = _env(cfg, env)
-    demos = env.demonstrations(scenarios) if all(s.reference for s in scenarios) else None
+    demos = env.demonstrations(scenarios) if all(map(demonstrable, scenarios)) else None
     report = await audit_reward(server, scenarios, cfg.reward, rollout_config(cfg), demonstrations=demos,
                                 counterfactual=env.counterfactual())
     if run_dir is not None and distributed.is_main():

@@ -226,7 +226,7 @@ async def run(cfg: Config, *, env: Environment | None = None, resume: bool = Fal
     "trainer": ...}, or, where a callback paused the run before its final evaluation, {"paused": reason, ...}."""
     r = open_run(cfg, env=env, resume=resume, callbacks=callbacks)
     cfg, env = r.cfg, r.env
-    train, val, test = pipeline.load_splits(cfg)
+    train, val, test = pipeline.load_splits(cfg, env)
     print(f"model {cfg.model} | backend {cfg.train.backend} | {len(train)} train, {len(test)} test scenarios",
           flush=True)
     with env.serve(cfg.server_token) as server:

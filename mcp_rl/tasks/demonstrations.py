@@ -64,4 +64,22 @@ def sql_plan(query: tuple[str, str], *, list_tables: str | None = None,
     return plan
 
 
-__all__ = ["format_answer", "tables_in_sql", "sql_plan"]
+def actions_plan(scenario: Any) -> list[dict]:
+    """A task's gold actions (`scenario.extra["actions"]`, [{"tool", "arguments"}]), then complete_task
+    with its answer ("done" for a task whose outcome the environment checks itself).
+
+    >>> from types import SimpleNamespace as S
+    >>> actions_plan(S(extra={"actions": [{"tool": "reset", "arguments": {}}]}, answer=None))[-1]
+    {'tool': 'complete_task', 'arguments': {'answer': 'done'}}
+    """
+    steps = [{"tool": a["tool"], "arguments": dict(a.get("arguments") or {})} for a in scenario.extra.get("actions", [])]
+    answer = "done" if scenario.answer is None else format_answer(scenario.answer)
+    return steps + [{"tool": "complete_task", "arguments": {"answer": answer}}]
+
+
+def demonstrable(scenario: Any) -> bool:
+    """Whether a plan has something to replay for this task: a reference query or gold actions."""
+    return bool(getattr(scenario, "reference", None) or (getattr(scenario, "extra", None) or {}).get("actions"))
+
+
+__all__ = ["format_answer", "tables_in_sql", "sql_plan", "actions_plan", "demonstrable"]

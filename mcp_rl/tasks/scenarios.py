@@ -35,6 +35,9 @@ class Scenario:
     reference: str | None = None  # e.g. the SQL that produced `answer`
     tags: list[str] = field(default_factory=list)
     split: str | None = None      # "train" | "val" | "test"
+    # structured extras an environment reads: "actions" (gold tool calls [{"tool", "arguments"}], which
+    # demonstrations replay), "task_id", "reward_basis", ...; JSON values only, left out of the file when empty
+    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -47,6 +50,8 @@ class Scenario:
             raise ValueError(f"scenario {self.id}: split must be one of {SPLITS} or None, got {self.split!r}")
         if not isinstance(self.tags, list) or not all(isinstance(t, str) for t in self.tags):
             raise ValueError(f"scenario {self.id}: tags must be a list of strings, got {self.tags!r}")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"scenario {self.id}: extra must be a JSON object, got {type(self.extra).__name__}")
 
 
 def normalize_task(task: str) -> str:
@@ -61,8 +66,15 @@ def task_id(prefix: str, task: str) -> str:
 
 # --- JSONL ------------------------------------------------------------------
 
+def _record(s: Scenario) -> dict:
+    d = dataclasses.asdict(s)
+    if not d["extra"]:
+        del d["extra"]
+    return d
+
+
 def _lines(scenarios: Iterable[Scenario]) -> str:
-    return "".join(json.dumps(dataclasses.asdict(s), ensure_ascii=False) + "\n" for s in scenarios)
+    return "".join(json.dumps(_record(s), ensure_ascii=False) + "\n" for s in scenarios)
 
 
 def save_scenarios(path: str | os.PathLike, scenarios: Iterable[Scenario]) -> None:
