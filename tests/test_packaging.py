@@ -26,8 +26,8 @@ def test_every_modules_doctests_pass():
 
     import mcp_rl
 
-    names = [m.name for m in pkgutil.iter_modules(mcp_rl.__path__) if m.name != "__main__"]
-    results = {n: doctest.testmod(importlib.import_module(f"mcp_rl.{n}"), report=False) for n in names}
+    names = [m.name for m in pkgutil.walk_packages(mcp_rl.__path__, "mcp_rl.") if not m.name.endswith("__main__")]
+    results = {n: doctest.testmod(importlib.import_module(n), report=False) for n in names}
     assert {n: r.failed for n, r in results.items() if r.failed} == {}
     assert sum(r.attempted for r in results.values()) >= 30
 
