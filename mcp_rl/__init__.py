@@ -27,7 +27,7 @@ _NAMES = {
     "tasks.context": ["collect_context", "enrich_tools"],
     "tasks.grounded": ["grounded_scenarios"],
     "tasks.generate": ["llm_scenarios", "generate_to_file"],
-    "environment": ["Environment", "environment"],
+    "environment": ["Environment", "Episode", "environment", "stdio_episodes"],
     "policies.policy": ["Policy", "PolicyError", "ContextOverflow", "OpenAIPolicy", "ScriptedPolicy", "DemonstrationPolicy", "sql_plan"],
     "policies.local_policy": ["LocalPolicy", "load_local_model"],
     "rollout": ["RolloutConfig", "rollout", "gather_rollouts", "transcript"],

@@ -185,6 +185,50 @@ except SideEffectsRefused as e:
 print(await tools_table(notes, ToolPolicy(allow=["read_notes"])))
 
 # %% [markdown]
+# ### A server with state: one per rollout, and a reward the environment owns
+#
+# A sandbox shared by parallel rollouts is not enough: rollouts of one group would see each other's
+# writes. An `Environment` with an `episode` gives every rollout its own server or state (here a fresh
+# in-process server; `stdio_episodes(command)` starts a stdio server per rollout with a private temp
+# folder), torn down after the rollout. Arguments it `bind`s (a `state_key`) are set on every call and
+# hidden from the model. Its `score` checks the outcome in that state before the teardown, and stands
+# where a verified answer would: tasks need no answer. Tasks can carry their gold actions
+# (`extra["actions"]`), which the environment replays as demonstrations. Below, the replayed gold
+# actions score 1 and an agent that does nothing scores 0, four rollouts in parallel.
+
+# %%
+import contextlib
+
+from mcp_rl import Environment, Episode, RolloutConfig, Scenario, ScriptedPolicy, gather_rollouts
+
+
+@contextlib.asynccontextmanager
+async def fresh_notes(task):  # a new server and state for each rollout
+    state, server = [], FastMCP("notes")
+
+    @server.tool
+    def write_note(note: str) -> str:
+        """Keep a note."""
+        state.append(note)
+        return "kept"
+
+    yield Episode(server, state=state)
+
+
+async def notes_kept(traj, task, episode):  # the environment's own check of the final state
+    return float(episode.state == [task.extra["note"]])
+
+
+stateful = Environment("notes", episode=fresh_notes, score=notes_kept)
+tasks = [Scenario(id=f"n{i}", task=f"Keep the note 'call {i}'.", extra={
+    "note": f"call {i}", "actions": [{"tool": "write_note", "arguments": {"note": f"call {i}"}}]}) for i in range(4)]
+lazy = ScriptedPolicy(lambda messages: {"tool": "complete_task", "arguments": {"answer": "done"}})
+writes = RolloutConfig(tool_policy=ToolPolicy(allow=["write_note"]), temperature=0.0)
+for name, policy in (("gold actions", stateful.demonstrations(tasks)), ("does nothing", lazy)):
+    groups = await gather_rollouts(policy, stateful, tasks, writes, desc=name)
+    print(f"{name}: environment reward", [g.trajectories[0].metrics["env_reward"] for g in groups])
+
+# %% [markdown]
 # ## 2. Tasks
 #
 # Tasks you can check make the before/after comparison mean something. Time zones without
