@@ -54,10 +54,12 @@ def _with_server(cfg: Config, fn):
         return asyncio.run(fn(spec))
 
 
-def _scenarios(path: str, split: str, n: int | None) -> list:
+def _scenarios(cfg: Config, split: str, n: int | None) -> list:
+    """The split's checkable tasks: a verified answer, or any where the environment scores its own."""
     from mcp_rl.tasks.scenarios import load_scenarios
 
-    return [s for s in load_scenarios(path, split=split) if s.answer is not None][:n]
+    scored = environment(cfg.server).score is not None
+    return [s for s in load_scenarios(cfg.scenarios, split=split) if scored or s.answer is not None][:n]
 
 
 def cmd_tools(a) -> int:
@@ -113,8 +115,9 @@ def cmd_eval(a) -> int:
     from mcp_rl.runs.parts import check_tools
 
     cfg = flags.config(a, run_config(a.run) if a.run else Config(server=DEFAULT), trains=False)
+    cfg = environment(cfg.server).configure(cfg)  # its tasks (where none are named), prompt, rewards
     # A run's own evaluation: the first train.eval_scenarios of the split (pipeline.load_splits).
-    scenarios = _scenarios(cfg.scenarios, a.split, a.n if a.n is not None or not a.run else cfg.train.eval_scenarios)
+    scenarios = _scenarios(cfg, a.split, a.n if a.n is not None or not a.run else cfg.train.eval_scenarios)
     rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.train.eval_temperature)
     label = a.label or ("adapter" if a.adapter or a.run else "base")
 
@@ -141,7 +144,8 @@ def cmd_audit_reward(a) -> int:
     from mcp_rl.tasks.demonstrations import demonstrable
 
     cfg = flags.config(a, Config(server=DEFAULT), trains=False)
-    scenarios = _scenarios(cfg.scenarios, a.split, a.n)
+    cfg = environment(cfg.server).configure(cfg)
+    scenarios = _scenarios(cfg, a.split, a.n)
     if not scenarios:
         print(f"error: {cfg.scenarios} has no verified scenarios in split {a.split!r}", file=sys.stderr)
         return 2

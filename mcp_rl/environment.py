@@ -100,11 +100,19 @@ class Environment:
         return HttpServer(self.command, token=token).start() if self.command else Running(self.server)
 
     def configure(self, cfg):
-        """`cfg` with this environment's settings: its server label, tasks, prompt, tools and rewards
-        (added to the Config's own custom rewards, replacing any of the same name)."""
+        """`cfg` with this environment's settings: its server label, prompt, tools, rewards (added to the
+        Config's own custom rewards, replacing any of the same name) and tasks (where the Config names none).
+
+        >>> from mcp_rl.runs.config import Config
+        >>> Environment("t", server="x.py", scenarios="t.jsonl").configure(Config()).scenarios
+        't.jsonl'
+        >>> Environment("t", server="x.py", scenarios="t.jsonl").configure(Config(scenarios="mine.jsonl")).scenarios
+        'mine.jsonl'
+        """
         values: dict[str, Any] = {"server": self.server if isinstance(self.server, str) and not self.command else self.name}
-        if self.scenarios is not None:
-            values["scenarios"] = str(self.scenarios)
+        default = next(f.default for f in dataclasses.fields(cfg) if f.name == "scenarios")
+        if self.scenarios is not None and cfg.scenarios == default and Path(default).resolve() != Path(self.scenarios).resolve():
+            values["scenarios"] = str(self.scenarios)  # the environment's tasks, unless the Config names others
         if self.server_tools is not None:
             values["server_tools"] = list(self.server_tools)
         cfg = dataclasses.replace(cfg, **values)  # Config.__post_init__ checks them and remakes the tool policy
