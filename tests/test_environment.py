@@ -204,3 +204,16 @@ def test_an_environment_with_episodes_is_its_own_spec():
     with env.serve() as spec:
         assert spec is env
     assert env.start().spec is env
+
+
+async def test_the_cheat_audit_runs_on_an_environment_that_checks_outcomes():
+    from mcp_rl.rewards.reward_audit import audit_reward
+
+    env = cart_environment([], [])
+    tasks = [Scenario(id=f"s{i}", task=f"Buy item{i}.", extra={
+        "want": f"item{i}", "actions": [{"tool": "add", "arguments": {"item": f"item{i}"}}]}) for i in range(6)]
+    report = await audit_reward(env, tasks, rollout_cfg=OPEN, demonstrations=env.demonstrations(tasks), counterfactual=None)
+    assert report.demonstrations.success == 1.0 and not report.failed()
+    names = [r.name for r in report.rows]
+    assert "another task's lookups, then paste the last result" in names and "empty answer" in names
+    assert not any(n.startswith("lookups, then") for n in names)  # a task's own actions are the honest work

@@ -221,6 +221,11 @@ def _battery(scenarios, plan, demo_results: list[str]) -> list[_Cheat]:
         _Cheat("another task's lookups, then paste the last result", by_task,
                lambda s, r: (r[-1] if r else "")[:2000], other_lookups),
     ]
+    if all(s.answer is None for s in scenarios):
+        # Tasks the environment checks by their outcome (Environment.score): doing a task's own actions is
+        # the honest work itself, and there is no answer to echo; cheats that do nothing, or another task's
+        # actions, remain.
+        return [c for c in cheats if c.lookups is not own_lookups]
     if plan is not None:  # a policy that knows the answer makes the server show it: SQL tools (demonstrations) only
         def echo(how, where):
             def calls(scenario, tools):
