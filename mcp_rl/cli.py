@@ -14,7 +14,8 @@
 Settings come from the Config dataclasses (mcp_rl/runs/config.py): each field is a flag with its own help
 and default (mcp_rl/runs/flags.py), over a base: a preset and --config file (train), the run's config.json
 (eval --run), or the defaults. Rollouts offer the agent only read-only tools unless told otherwise:
---tools a,b (only these, whatever their class), --deny-tools c, --allow-side-effects.
+--tools a,b (only these, whatever their class), --deny-tools c, --read-only-tools d (unannotated, but only
+reads), --allow-side-effects.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ def cmd_scenarios(a) -> int:
     cfg = flags.config(a, Config(), trains=False)
     kw = {}
     if a.generator == "llm":
+        from mcp_rl.tasks.generate import resolve_generator
+
         kw = {"generator_model": a.model, "base_url": a.base_url, "api_key": os.environ.get(a.api_key_env)}
+        resolve_generator(a.base_url, kw["api_key"])  # no key: said before a server is started
     if a.templates and a.templates not in names():
         print(f"error: --templates names a shipped environment ({', '.join(names())}), got {a.templates[:40]!r}",
               file=sys.stderr)
@@ -236,7 +240,8 @@ def parser() -> argparse.ArgumentParser:
                     help="grounded: the question templates of a shipped environment (e.g. company) for a server that "
                          "serves its database; default: those of the environment --server names, if any")
     sp.add_argument("--model", default="openai/gpt-4.1-mini", help="generator model (llm)")
-    sp.add_argument("--base-url", default="https://openrouter.ai/api/v1", help="generator endpoint (llm)")
+    sp.add_argument("--base-url", default="https://openrouter.ai/api/v1", help="generator endpoint (llm): a URL, "
+                    "or openrouter, openai, ollama (local, no key: http://localhost:11434/v1)")
     sp.add_argument("--api-key-env", default="OPENROUTER_API_KEY")
 
     sp = command("rollout", cmd_rollout, "run one task and print the transcript", server={}, model=True)

@@ -124,7 +124,8 @@ def test_scenarios_writers_see_only_the_tools_rollouts_offer(server, tmp_path, c
 
     monkeypatch.setattr(generate, "llm_scenarios", fake_llm_scenarios)
     out = tmp_path / "s.jsonl"
-    code = cli.main(["scenarios", "--server", server, "--generator", "llm", "--n", "1", "--out", str(out), *flags])
+    code = cli.main(["scenarios", "--server", server, "--generator", "llm", "--n", "1", "--out", str(out),
+                     "--base-url", "ollama", *flags])  # a local endpoint: no key needed
     if tools is None:
         assert code == 2 and not seen and not out.exists()
         assert "refusing to offer the agent tools with side effects" in capsys.readouterr().err
@@ -338,3 +339,71 @@ def test_scenarios_templates_must_name_a_shipped_environment(tmp_path, capsys):
     code = cli.main(["scenarios", "--server", "mcp_server.py", "--templates", "nope", "--n", "3", "--out", str(out)])
     assert code == 2 and not out.exists()
     assert "--templates names a shipped environment (company), got 'nope'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- stateful servers ([environments] item 5)
+
+
+def test_read_only_tools_flag_lets_an_unannotated_tool_pass(server, offered, capsys):
+    argv = ["rollout", "--server", server, "--task", "Look up k.", "--deny-tools", "drop_all"]
+    assert cli.main(argv) == 2 and "side effects: write_note" in capsys.readouterr().err
+    assert cli.main([*argv, "--read-only-tools", "write_note"]) == 0
+    assert offered[-1] == ["lookup", "write_note", COMPLETE_TOOL_NAME]
+    assert cli.main(["tools", "--server", server, "--read-only-tools", "write_note"]) == 0
+    out = capsys.readouterr().out
+    assert "write_note  read-only (declared)" in out and "refused" in out  # drop_all is still offered
+
+
+LONG_SERVER = textwrap.dedent('''
+    from fastmcp import FastMCP
+
+    mcp = FastMCP("long")
+
+    @mcp.tool(annotations={"readOnlyHint": True})
+    def lookup(key: str) -> str:
+        """Look a key up: a long record."""
+        return "x" * 5000
+
+    if __name__ == "__main__":
+        mcp.run(show_banner=False)
+''')
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_max_result_chars_flag_reaches_the_rollout(command, tmp_path, monkeypatch):
+    """`--max-result-chars` was already a generated flag of rollout and eval (RolloutConfig.max_result_chars);
+    this proves it reaches what the model reads."""
+    path = tmp_path / "long_server.py"
+    path.write_text(LONG_SERVER)
+    replies: list[str] = []
+
+    def script(messages):
+        replies.extend(m["content"] for m in messages[-1:] if m["role"] == "tool")
+        done = sum(m["role"] == "assistant" for m in messages)
+        return {"tool": "lookup", "arguments": {"key": "k"}} if not done else \
+            {"tool": COMPLETE_TOOL_NAME, "arguments": {"answer": "1"}}
+
+    monkeypatch.setattr(cli, "_policy", lambda *a, **kw: ScriptedPolicy(script))
+    scenarios = tmp_path / "s.jsonl"
+    scenarios.write_text(json.dumps({"id": "s0", "task": "Look up k.", "answer": "1", "split": "test"}) + "\n")
+    argv = {"rollout": ["rollout", "--server", str(path), "--task", "Look up k."],
+            "eval": ["eval", "--server", str(path), "--scenarios", str(scenarios)]}[command]
+    assert cli.main(argv) == 0
+    assert cli.main([*argv, "--max-result-chars", "6000"]) == 0
+    assert cli.main([*argv, "--max-result-chars", "100"]) == 0
+    default, whole, cut = replies
+    assert "[truncated 2000 chars]" in default and whole == "x" * 5000  # the default cap is 3000
+    assert cut.startswith("x" * 100) and "[truncated 4900 chars]" in cut and len(cut) < 150
+
+
+def test_no_key_names_the_local_endpoint_before_a_server_starts(server, capsys, monkeypatch):
+    from mcp_rl.tasks import generate
+
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    monkeypatch.setattr(cli, "_with_server", lambda *a: pytest.fail("the key is checked before the server starts"))
+    monkeypatch.setattr(generate, "llm_scenarios", lambda *a, **kw: pytest.fail("no generation without a key"))
+    code = cli.main(["scenarios", "--server", server, "--generator", "llm", "--n", "1", "--out", "x.jsonl"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "set OPENROUTER_API_KEY" in err
+    assert "--base-url ollama" in err and "http://localhost:11434/v1" in err
+    assert generate.resolve_generator("ollama", None) == ("http://localhost:11434/v1", "EMPTY")  # what it names works

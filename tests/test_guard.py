@@ -14,7 +14,7 @@ from fastmcp import Context, FastMCP
 from mcp_rl.runs.config import Config, apply_overrides, preset, to_dict
 from mcp_rl.mcp.connect import ToolSession
 from mcp_rl.mcp.guard import (READ_ONLY, SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, ToolsChanged,
-                          classify_tool, filter_tools, short)
+                          classify_tool, control_tool, filter_tools, short)
 from mcp_rl.policies.policy import ScriptedPolicy, play
 from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, gather_rollouts, rollout
 from mcp_rl.tasks.scenarios import Scenario
@@ -287,3 +287,90 @@ def test_short_has_one_home_and_guard_still_offers_it():
     from mcp_rl.mcp import guard
 
     assert guard.short is quote.short and guard.SHORT_CHARS == quote.SHORT_CHARS == 60
+
+
+# ---------------------------------------------------------------- stateful servers that annotate nothing
+
+
+def stateful_server(ran: list[str] | None = None) -> FastMCP:
+    """Task tools and environment-control tools, none annotated, as τ²-style retail servers ship them."""
+    ran = [] if ran is None else ran
+    mcp = FastMCP("retail")
+
+    def tool(name: str, reply: str):
+        def fn(key: str = "") -> str:
+            ran.append(name)
+            return reply
+        mcp.tool(fn, name=name)
+
+    for name, reply in (("get_order", "1"), ("exchange_items", "exchanged"), ("reset_state", "reset"),
+                        ("get_call_log", "[]")):
+        tool(name, reply)
+    return mcp
+
+
+@pytest.mark.parametrize("name, control", [
+    ("reset_state", True), ("state_reset", True), ("reset", True), ("get_call_log", True), ("get_logs", True),
+    ("resetDatabase", True), ("getCallLog", True), ("debug_dump", True), ("admin_set_price", True),
+    ("load_snapshot", True), ("seed_db", True), ("_internal", True), ("get-state", True),
+    ("get_order", False), ("exchange_items", False), ("search_catalog", False), ("login_user", False),
+    ("dialog_reply", False), ("read_query", False), ("list_tables", False), ("statement_total", False),
+])
+def test_control_tool_names(name, control):
+    assert control_tool(name) is control
+
+
+async def test_refusal_never_suggests_control_tools_and_says_it_left_them_out():
+    with pytest.raises(SideEffectsRefused) as e:
+        await rollout(Counting(ANSWER), stateful_server(), TASK)
+    message = str(e.value)
+    assert e.value.tools == ["get_order", "exchange_items", "reset_state", "get_call_log"]
+    example = message.split("--tools ")[1].split(";")[0]
+    assert example == "get_order,exchange_items"  # the old message suggested all four
+    assert "left out of that example: reset_state, get_call_log" in message
+    assert "--deny-tools reset_state,get_call_log" in message
+    assert "each rollout must get its own fresh copy of the server's state" in message
+    assert "--read-only-tools" in message and "\n" not in message
+
+
+async def test_declared_read_only_tools_pass_the_guard():
+    ran: list[str] = []
+    deny = ["exchange_items", "reset_state", "get_call_log"]
+    with pytest.raises(SideEffectsRefused, match="side effects: get_order"):  # unannotated: refused
+        await rollout(Counting(ANSWER), stateful_server(), TASK, RolloutConfig(tool_policy=ToolPolicy(deny=deny)))
+    policy = Counting(call("get_order", key="x"), ANSWER)
+    tp = ToolPolicy(deny=deny, read_only="get_order")
+    traj = await rollout(policy, stateful_server(ran), TASK, RolloutConfig(tool_policy=tp))
+    assert traj.metrics["completed"] and policy.offered == ["get_order", COMPLETE_TOOL_NAME] and ran == ["get_order"]
+    # declaring one tool leaves the others refused, and the message counts the declared one as safe
+    with pytest.raises(SideEffectsRefused) as e:
+        await rollout(Counting(ANSWER), stateful_server(), TASK,
+                      RolloutConfig(tool_policy=ToolPolicy(read_only=["get_order"])))
+    assert e.value.tools == ["exchange_items", "reset_state", "get_call_log"] and "--tools get_order;" in str(e.value)
+
+
+@pytest.mark.parametrize("tool_policy, match", [
+    (ToolPolicy(read_only=["get_ordr"]), "--read-only-tools / Config.read_only_tools / ToolPolicy.read_only names "
+                                         "tools that .* does not have: 'get_ordr'"),
+])
+async def test_a_read_only_declaration_naming_a_missing_tool_is_an_error(tool_policy, match):
+    with pytest.raises(ToolPolicyError, match=match):
+        async with ToolSession(stateful_server(), policy=tool_policy):
+            pass
+
+
+async def test_a_tool_the_server_annotates_destructive_cannot_be_declared_read_only():
+    with pytest.raises(ToolPolicyError, match="drop_all, which .* annotates destructiveHint") as e:
+        async with ToolSession(mixed_server(), policy=ToolPolicy(read_only=["drop_all"], deny=["write_note"])):
+            pass
+    assert not isinstance(e.value, SideEffectsRefused)
+
+
+def test_read_only_tools_flow_from_config_to_the_rollout_and_workers():
+    cfg = preset("cpu", read_only_tools=["get_order", " get_user"])
+    assert cfg.read_only_tools == ["get_order", "get_user"]
+    assert cfg.rollout.tool_policy == ToolPolicy(read_only=["get_order", "get_user"])
+    assert to_dict(cfg)["read_only_tools"] == ["get_order", "get_user"]
+    assert apply_overrides(cfg, ["read_only_tools=[]"]).rollout.tool_policy == ToolPolicy()
+    sent = cfg.tool_policy().as_dict()  # what a trainer sends a rollout worker
+    assert sent["read_only"] == ["get_order", "get_user"] and ToolPolicy(**sent) == cfg.tool_policy()

@@ -7,7 +7,7 @@ the reference `mcp-server-sqlite` (PyPI) over stdio, which needs `mcp<2` and so
 lives in its own venv, built once and cached under .pytest_cache/ (skipped, with
 the reason, only when it cannot be installed); and small in-memory FastMCP
 servers, one per result format (JSON, rows/columns JSON, nested JSON, Python
-repr, Markdown, CSV), that return errors as plain text and accept only SELECT,
+repr, Markdown, CSV, mcp-alchemy's numbered `key: value` records), that return errors as plain text and accept only SELECT,
 as many real servers do. Every answer is re-checked by sqlite3 on the copy, and
 the copy must be byte-identical afterwards: nothing is ever written.
 """
@@ -190,6 +190,21 @@ def _csv(header, rows):
     return out.getvalue()
 
 
+def _records(header, rows):
+    """mcp-alchemy's (SQLAlchemy) `execute_query` text: "N. row" records of `key: value` lines, NULL, a footer."""
+    if not rows:
+        return "No rows returned"
+    cell = lambda v: "NULL" if v is None else str(v)  # noqa: E731
+    records = [f"{i}. row\n" + "".join(f"{k}: {cell(v)}\n" for k, v in zip(header, r)) for i, r in enumerate(rows, 1)]
+    return "\n".join(records) + f"\nResult: {len(rows)} rows"
+
+
+def _rows_indented(header, rows):
+    """The other record style seen: "Row N:" and indented `key: value` lines, None for NULL."""
+    return "\n\n".join(f"Row {i}:\n" + "\n".join(f"  {k}: {v}" for k, v in zip(header, r))
+                       for i, r in enumerate(rows, 1)) or "No rows returned"
+
+
 FORMATS = {
     "json": lambda h, r: json.dumps(_dicts(h, r)),
     "json-columns": lambda h, r: json.dumps({"columns": h, "rows": r, "row_count": len(r)}),
@@ -197,6 +212,8 @@ FORMATS = {
     "repr": lambda h, r: str(_dicts(h, r)),
     "markdown": _markdown,
     "csv": _csv,
+    "records": _records,
+    "records-indented": _rows_indented,
 }
 
 
@@ -225,6 +242,35 @@ async def test_grounded_through_a_server_answering_in(fmt, db_copy):
     assert len(got) == 300 and key(got) == key(await ours(db_copy, 300, seed=5))
     for sc in got:
         recheck(db_copy, sc)
+
+
+async def test_a_record_format_server_is_a_sql_server(db_copy):
+    """mcp-alchemy-style results were read as no table, so the server was reported to have no SQL tool."""
+    async with ToolSession(format_server(db_copy, "records")) as s:
+        ctx = await collect_context(s)
+    assert ctx.sql_tool == ("execute_query", "query") and ctx.is_sql and ctx.sql_problem is None
+    assert sorted(t.name for t in ctx.tables) == ["departments", "employees", "projects"]
+    with closing(sqlite3.connect(f"file:{db_copy}?mode=ro", uri=True)) as conn:
+        conn.row_factory = sqlite3.Row
+        departments = next(t for t in ctx.tables if t.name == "departments")
+        assert departments.samples == [dict(r) for r in conn.execute("SELECT * FROM departments LIMIT 3")]
+
+
+async def test_a_server_in_an_unread_format_is_named_with_what_came_back(db_copy):
+    mcp = FastMCP("yaml-ish")
+
+    @mcp.tool
+    def execute_query(query: str) -> str:
+        """Run one SELECT statement."""
+        return "rows:\n  - mcp_rl_probe = 1\n  - (end)\n  - more"
+
+    async with ToolSession(mcp) as s:
+        with pytest.raises(ValueError) as e:
+            await grounded_scenarios(s, 10, seed=0, templates=company_templates)
+    message = str(e.value)
+    assert "need a SQL server" in message and "execute_query's answer to SELECT 1: cannot read this SQL result" in message
+    assert "not JSON, Python-repr rows, a pipe/Markdown table, CSV or numbered `key: value` records" in message
+    assert "it begins 'rows:\\n  - mcp_rl_probe = 1\\n  - (end)'" in message and "more" not in message
 
 
 async def test_a_refused_template_is_skipped_with_a_warning(db_copy, caplog):

@@ -71,6 +71,21 @@ CASES = {
     "csv, one column of names": ("name\nAda\nBo", ["name"], [["Ada"], ["Bo"]]),
     "csv, CRLF": ("a,b\r\n1,2\r\n", ["a", "b"], [[1, 2]]),
     "tsv": ("a\tb\n1\tx, y", ["a", "b"], [[1, "x, y"]]),
+    # numbered records of `key: value` lines: mcp-alchemy (SQLAlchemy) prints "N. row" records, NULL, a footer
+    "records": ("1. row\nid: 1\nname: Engineering\nbudget: 1200000\n\n2. row\nid: 2\nname: Sales\nbudget: NULL\n\n"
+                "Result: 2 rows", ["id", "name", "budget"], [[1, "Engineering", 1200000], [2, "Sales", None]]),
+    "records, values with colons and spaces": ("1. row\nstarted: 2024-03-15T14:30:00\nurl: http://x/y\nnote: \n"
+                                               "avg: 85000.0\nCOUNT(*): 3\n\nResult: 1 rows",
+                                               ["started", "url", "note", "avg", "COUNT(*)"],
+                                               [["2024-03-15T14:30:00", "http://x/y", "", 85000.0, 3]]),
+    "records, a link after the footer": ("1. row\nn: 7\n\nResult: 1 rows\nFull result set url: https://x/f.json",
+                                         ["n"], [[7]]),
+    "records, no rows": ("No rows returned", [], []),
+    "records, Row N: indented, None": ("Row 1:\n  id: 1\n  name: Ada\n\nRow 2:\n  id: 2\n  name: None",
+                                       ["id", "name"], [[1, "Ada"], [2, None]]),
+    "records, duplicate keys": ("1. row\nid: 1\nid: 10", ["id", "id"], [[1, 10]]),
+    "records, MySQL \\G": ("*************************** 1. row ***************************\n    id: 1\n"
+                           "  name: Ada\n1 row in set (0.00 sec)", ["id", "name"], [[1, "Ada"]]),
     # no content at all
     "empty result": ("(empty result)", [], []),
 }
@@ -94,6 +109,10 @@ UNREADABLE = {
     "ragged pipe table": "a | b\n--+--\n1 | 2 | 3",
     "row count disagrees": "a\n-\n1\n(2 rows)",
     "long garbage": "x" * 10_000,
+    "a record line that is no key: value": "1. row\nid: 1\nname",
+    "records with different keys": "1. row\nid: 1\n\n2. row\nid: 2\nname: x",
+    "records out of order": "1. row\nid: 1\n\n3. row\nid: 3",
+    "records and a footer that disagree": "1. row\nid: 1\n\nResult: 2 rows",
 }
 
 
@@ -104,7 +123,30 @@ def test_parse_table_refuses_what_is_no_table_and_quotes_only_a_prefix(text):
     assert len(str(info.value)) < 300
 
 
+@pytest.mark.parametrize("text, problem", [
+    ("The query ran fine.\nSee the log.\nthird\nfourth", "not JSON, Python-repr rows, a pipe/Markdown table, CSV or "
+                                                          "numbered `key: value` records"),
+    ('[{"id": 1}, {"id": \nmore\nthird\nfourth', "looks like JSON or a Python list but parses as neither"),
+    ('{"data": [1, {"b": 2}]}', "JSON (or a Python literal) with no rows in it"),
+    ("1. row\nid: 1\nname\nfourth", "in record 1, 'name' is not a `key: value` line"),
+])
+def test_an_unread_format_is_named_with_the_first_lines_of_what_came_back(text, problem):
+    with pytest.raises(ValueError) as info:
+        parse_table(text)
+    message = str(info.value)
+    assert message.startswith("cannot read this SQL result as a table: ") and problem in message
+    first = "\n".join(text.strip().splitlines()[:3])
+    assert message.endswith(f"it begins {first!r}") and "fourth" not in message
+
+
+def test_the_quote_of_what_came_back_is_a_short_prefix():
+    with pytest.raises(ValueError) as info:
+        parse_table("word " * 1000)
+    assert "…' (4999 chars)" in str(info.value) and len(str(info.value)) < 300
+
+
 @pytest.mark.parametrize("text", [
+    "1. row\nn: 1\n\n2. row\nn: 2\n\nResult: 40 rows (output truncated)",  # mcp-alchemy's own cap
     format_table(["n"], [(i,) for i in range(5)], 2),      # mcp_server.py's own row cap
     "[{'n': 1}, {'n': 2}, {'n'\n[truncated 120 chars]",    # the client's max_result_chars
 ])

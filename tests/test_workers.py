@@ -292,6 +292,8 @@ def fx():
     ({"tools": ToolPolicy(allow=["look"])}, {"allow": ["look", "launch"]}, 403, False),
     ({"tools": ToolPolicy(deny=["launch"], allow_side_effects=True)}, {"allow_side_effects": True}, 200, False),
     ({"tools": ToolPolicy(allow_side_effects=True)}, {"allow_side_effects": True}, 200, True),  # the operator's call
+    ({}, {"read_only": ["launch"]}, 409, False),              # a request's read-only declaration gets past nothing
+    ({"tools": ToolPolicy(read_only=["launch"])}, {}, 200, True),  # the operator's does
 ])
 def test_the_operators_tool_flags_cap_what_a_request_may_ask(fx, operator, asked, status, ran):
     make, launched = fx

@@ -59,7 +59,7 @@ from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
 # Re-exported: `from mcp_rl.mcp.connect import mcp_tool_to_openai` predates schemas.py, and
 # `make_client`, `describe_spec`, `stdio_env` predate specs.py.
-from mcp_rl.mcp.guard import READ_ONLY, ToolPolicy, ToolPolicyError, ToolsChanged, classify_tool, tool_hints
+from mcp_rl.mcp.guard import READ_ONLY, ToolPolicy, ToolPolicyError, ToolsChanged, tool_hints
 from mcp_rl.quote import short
 from mcp_rl.mcp.schemas import mcp_tool_to_openai, normalize_schema
 from mcp_rl.mcp.tool_results import BAD_ARGS, UNKNOWN_TOOL, ToolResult, explained, nbytes, result_to_text, truncate
@@ -401,14 +401,15 @@ async def tools_table(spec: ServerSpec, policy: ToolPolicy | None = None, **sess
     rows = [("tool", "class", "hints (MCP annotations)", "offered")]
     for t in tools:
         hints = ", ".join(k.removesuffix("Hint") + ("" if v else "=false") for k, v in tool_hints(t).items())
-        rows.append((t.name, classify_tool(t), hints or "(none)", "yes" if policy.admits(t.name) else "no (filtered)"))
+        cls = policy.classify(t) + (" (declared)" if t.name in policy.read_only else "")
+        rows.append((t.name, cls, hints or "(none)", "yes" if policy.admits(t.name) else "no (filtered)"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{describe_spec(spec)}: {len(tools)} tool{'s' * (len(tools) != 1)}"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[3] for r in rows]
     try:
         policy.check(tools, server=describe_spec(spec))
         offered = policy.filter(tools)
-        risky = [t.name for t in offered if classify_tool(t) != READ_ONLY]
+        risky = [t.name for t in offered if policy.classify(t) != READ_ONLY]
         lines.append(f"rollouts: offer {len(offered)} tool{'s' * (len(offered) != 1)}" +
                      (f", with side effects allowed for {', '.join(risky)}" if risky else ", all read-only"))
     except ValueError as e:

@@ -169,6 +169,8 @@ class Config:
     server_tools: list[str] | None = _f(None, "the only server tools the agent is offered (None: all); naming "
                                         "tools also allows those with side effects")
     deny_tools: list[str] = _f([], "server tools the agent is never offered")
+    read_only_tools: list[str] = _f([], "server tools to count as read-only though the server does not annotate "
+                                    "them readOnlyHint (they then pass the side-effect guard)")
     allow_side_effects: bool = _f(False, "offer tools not annotated read-only (or annotated destructive); "
                                   "off: a server with such tools is refused unless server_tools names them")
     model: str = _f("smollm2", "policy model: 'smollm2' (embedded SmolLM2-135M-Instruct), 'gemma3-270m' (embedded "
@@ -210,6 +212,7 @@ class Config:
         policy = self.tool_policy()
         self.server_tools = None if policy.allow is None else list(policy.allow)
         self.deny_tools = list(policy.deny)
+        self.read_only_tools = list(policy.read_only)
         # One owner: the rollout section carries the policy these fields make (to_dict leaves it out).
         self.rollout = dataclasses.replace(self.rollout, tool_policy=policy)
         if self.load_in_4bit and self.model in EMBEDDED:
@@ -230,9 +233,9 @@ class Config:
             raise ValueError(f"policy_port must be 0 (any free port) or a port 1..65535, got {self.policy_port}")
 
     def tool_policy(self) -> ToolPolicy:
-        """The ToolPolicy of server_tools, deny_tools and allow_side_effects (see `mcp_rl.mcp.guard`)."""
+        """The ToolPolicy of server_tools, deny_tools, allow_side_effects, read_only_tools (`mcp_rl.mcp.guard`)."""
         return ToolPolicy(allow=self.server_tools, deny=self.deny_tools or (),
-                          allow_side_effects=self.allow_side_effects)
+                          allow_side_effects=self.allow_side_effects, read_only=self.read_only_tools or ())
 
 
 def _build(cls, values: dict, where: str):
@@ -297,7 +300,7 @@ PRESETS["t4-unsloth"] = _merge(PRESETS["t4"], {
 
 def to_dict(cfg: Config) -> dict:
     data = dataclasses.asdict(cfg)
-    data["rollout"].pop("tool_policy", None)  # made from server_tools, deny_tools, allow_side_effects
+    data["rollout"].pop("tool_policy", None)  # made from server_tools, deny_tools, allow_side_effects, read_only_tools
     return data
 
 

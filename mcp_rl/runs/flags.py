@@ -43,7 +43,7 @@ NAMES = {"server_tools": ("--tools",), "rollout_workers": ("--workers",), "rollo
 ENV = {"server_token": "MCP_RL_TOKEN", "worker_token": "MCP_RL_WORKER_TOKEN"}
 
 # The shared sections: every command that talks to a server, loads a model or sends work to workers.
-SERVER = ("server", "server_token", "server_tools", "deny_tools", "allow_side_effects")
+SERVER = ("server", "server_token", "server_tools", "deny_tools", "allow_side_effects", "read_only_tools")
 MODEL = ("model", "load_in_4bit", "tool_prefix", "policy_batch", "policy_reuse_prefix", "policy_prefix_cache_gib")
 WORKERS = ("rollout_workers", "worker_token", "policy_port")
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from mcp_rl.mcp.guard import SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, classify_tool, tool_name
+from mcp_rl.mcp.guard import SIDE_EFFECTS, SideEffectsRefused, ToolPolicy, ToolPolicyError, tool_name
 from mcp_rl.ship.http_checks import BadRequest, LoopbackOnly, is_loopback_url, read_json
 from mcp_rl.policies.policy import ContextOverflow, PolicyError
 from mcp_rl.quote import short
@@ -58,12 +58,13 @@ class _Capped(ToolPolicy):
         super().check(tools, server)
         if self.cap.allow_side_effects:
             return
-        risky = [tool_name(t) for t in self.filter(tools) if classify_tool(t) == SIDE_EFFECTS
+        risky = [tool_name(t) for t in self.filter(tools) if self.classify(t) == SIDE_EFFECTS
                  and tool_name(t) not in (self.cap.allow or ())]
         if risky:
             raise SideEffectsRefused(f"this worker's operator allows no tools with side effects, and the request "
                                      f"would offer {', '.join(short(n) for n in risky[:5])}; name read-only tools "
-                                     "in tool_policy.allow, or ask the operator for --tools / --allow-side-effects", risky)
+                                     "in tool_policy.allow, or ask the operator for --tools / --read-only-tools / "
+                                     "--allow-side-effects", risky)
 
 
 def _capped(asked: dict, cap: ToolPolicy) -> ToolPolicy:
@@ -76,8 +77,10 @@ def _capped(asked: dict, cap: ToolPolicy) -> ToolPolicy:
     if tp.allow_side_effects and not cap.allow_side_effects and cap.allow is None:
         raise BadRequest(403, "tool_policy.allow_side_effects: this worker's operator does not allow tools with "
                               "side effects (rollout-worker --allow-side-effects or --tools)")
+    # Only the operator's read-only declarations count here: a request declaring a tool read-only
+    # would otherwise get past an operator who allows no side effects.
     return _Capped(allow=tp.allow, deny=tuple(dict.fromkeys((*tp.deny, *cap.deny))),
-                   allow_side_effects=tp.allow_side_effects, cap=cap)
+                   allow_side_effects=tp.allow_side_effects, read_only=cap.read_only, cap=cap)
 
 
 def _parse(data: Any, cap: ToolPolicy, remote_policy: bool) -> tuple[list[Scenario], int, dict, RolloutConfig]:

@@ -11,8 +11,9 @@ execute_sql, or any tool with a `sql` / `query` argument. Servers without one
 (e.g. mcp-server-time) get tools and resources only. The SQL helpers here
 (`run_sql`, `query_table`) are also what mcp_rl/tasks/grounded.py computes answers with;
 results are read by mcp_rl/tasks/sqlresults.py (JSON, Python-repr rows, pipe/Markdown
-tables, CSV), and a result that is an error in disguise ("Error: ...") counts as
-a refusal. On SQLite the schema comes from sqlite_master and PRAGMA table_info
+tables, CSV, numbered `key: value` records); a SQL-looking tool whose answers cannot be read is
+no SQL tool, and `ServerContext.sql_problem` says why. A result that is an error in disguise
+("Error: ...") counts as a refusal. On SQLite the schema comes from sqlite_master and PRAGMA table_info
 (or SELECT ... FROM pragma_table_info for servers that only accept SELECT),
 elsewhere from information_schema.
 """
@@ -26,7 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcp_rl.tasks.sqlresults import TruncatedResult, error_text, number_or_text, parse_table, short
+from mcp_rl.quote import short
+from mcp_rl.tasks.sqlresults import TruncatedResult, error_text, number_or_text, parse_table
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class ServerContext:
     resources: list[dict] = field(default_factory=list)   # {"uri", "name", "text"}
     tables: list[Table] = field(default_factory=list)     # [] for non-SQL servers
     sql_tool: tuple[str, str] | None = None               # (tool name, SQL argument name)
+    sql_problem: str | None = None                        # why sql_tool was found but gave no schema
 
     @property
     def is_sql(self) -> bool:
@@ -231,15 +234,18 @@ async def _columns(session, sql_tool, table: str) -> list[tuple[str, str]]:
     raise last
 
 
-async def _answers_sql(session, sql_tool) -> bool:
-    """Whether the tool runs SQL: `SELECT 1 AS mcp_rl_probe` must come back as exactly that one cell.
+async def _answers_sql(session, sql_tool) -> str | None:
+    """None when the tool runs SQL (`SELECT 1 AS mcp_rl_probe` comes back as exactly that one cell), else why not.
     A `query` argument alone does not make a database (search tools have one too)."""
     try:
         header, rows = await query_table(session, "SELECT 1 AS mcp_rl_probe", sql_tool)
     except Exception as e:  # noqa: BLE001 - whatever a non-SQL tool does with SQL, it is no database
         log.info("%s does not answer SQL (%s)", sql_tool[0], str(e)[:200])
-        return False
-    return header == ["mcp_rl_probe"] and len(rows) == 1 and str(rows[0][0]).strip() == "1"
+        return f"{sql_tool[0]}'s answer to SELECT 1: {str(e)[:300]}"
+    if header == ["mcp_rl_probe"] and len(rows) == 1 and str(rows[0][0]).strip() == "1":
+        return None
+    return (f"{sql_tool[0]} answered SELECT 1 AS mcp_rl_probe with {short(str(rows[:2]), 80)} "
+            f"under {short(str(header), 80)}")
 
 
 async def _schema(session, sql_tool) -> list[Table]:
@@ -292,13 +298,15 @@ async def collect_context(session, *, sample_rows: int = 3, max_resource_chars: 
     ctx = ServerContext(tools=tools, resources=resources, sql_tool=find_sql_tool(tools))
     if ctx.sql_tool is None:
         return ctx
-    if not await _answers_sql(session, ctx.sql_tool):
+    ctx.sql_problem = await _answers_sql(session, ctx.sql_tool)
+    if ctx.sql_problem:
         return ctx
     try:
         tables = await _schema(session, ctx.sql_tool)
     except Exception as e:  # noqa: BLE001 - it ran SELECT 1 but not a schema query: no schema to give
         log.warning("%s runs SQL but its schema could not be read (%s); treating the server as non-SQL",
                     ctx.sql_tool[0], str(e)[:200])
+        ctx.sql_problem = f"{ctx.sql_tool[0]} runs SQL but its schema could not be read: {str(e)[:300]}"
         return ctx
     for t in tables:  # one table the server refuses (permissions) is left out, not the whole schema
         try:

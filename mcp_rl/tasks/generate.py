@@ -74,7 +74,10 @@ def resolve_generator(base_url: str, api_key: str | None) -> tuple[str, str]:
     key = api_key or (os.environ.get(env) if env else None)
     if not key:
         if env:
-            raise ValueError(f"no API key for {url}: set {env} or pass api_key=")
+            raise ValueError(f"no API key for {url}: set {env} (or pass api_key=), or use a local OpenAI-compatible "
+                             "endpoint, which needs none: base_url='ollama' (the CLI: --base-url ollama --model "
+                             "MODEL; that is http://localhost:11434/v1) or your server's http://HOST:PORT/v1 (vLLM, "
+                             "LM Studio)")
         key = "EMPTY"  # local servers (Ollama, vLLM) ignore the key but the client needs one
     return url, key
 

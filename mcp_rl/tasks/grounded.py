@@ -133,7 +133,8 @@ async def grounded_scenarios(session, n: int, seed: int = 0, max_answer_share: f
     ctx = await collect_context(session)
     if not ctx.is_sql:
         raise ValueError("grounded scenarios need a SQL server (a run_query-like tool that answers SELECT); "
-                         "this server has none: use the llm generator instead")
+                         + (f"none found here ({ctx.sql_problem})" if ctx.sql_problem else "this server has none")
+                         + ": use the llm generator instead")
     tool = ctx.sql_tool
     templates = (await templates(session, ctx) if templates else []) + generic_templates(ctx)
     rng = random.Random(seed)

@@ -4,6 +4,8 @@
     (['id', 'name'], [[1, 'Ada'], [2, None]])
     >>> parse_table("n | city\\n--+-----\\n3 | Oslo\\n(1 row)")               # mcp_server.py
     (['n', 'city'], [[3, 'Oslo']])
+    >>> parse_table("1. row\\nid: 1\\nname: Ada\\n\\n2. row\\nid: 2\\nname: NULL\\n\\nResult: 2 rows")  # mcp-alchemy
+    (['id', 'name'], [[1, 'Ada'], [2, None]])
     >>> error_text("Database error: no such column: x")
     'Database error: no such column: x'
 
@@ -12,9 +14,12 @@ Servers answer SQL in many shapes and few mark failures as errors, so
 objects, results nested under keys such as "result" or "data", one object per
 line), Python-repr rows (`str()` of a list of dicts, as the reference
 mcp-server-sqlite prints, with Decimal/date values), pipe tables (mcp_server.py's
-`format_table`, Markdown with alignment rows, psql/grid borders) and CSV (or TSV).
-Typed formats keep their types; text formats turn NULL into None and plain
-numerals into numbers. Anything else is a ValueError quoting a short prefix.
+`format_table`, Markdown with alignment rows, psql/grid borders), CSV (or TSV) and
+numbered records of `key: value` lines ("1. row" / "Row 1:" / MySQL's `\\G`, as the
+SQLAlchemy-based mcp-alchemy prints, with its "Result: N rows" footer and "No rows returned").
+Typed formats keep their types; text formats turn NULL into None (records: None too)
+and plain numerals into numbers. Anything else is a ValueError that says what is wrong
+and quotes the first lines of the result (a prefix, `mcp_rl.quote.short`).
 `error_text` spots the error messages servers return as ordinary results.
 """
 
@@ -29,6 +34,8 @@ import json
 import re
 import uuid
 from typing import Any
+
+from mcp_rl.quote import short
 
 Table = tuple[list[str], list[list[Any]]]
 
@@ -45,12 +52,14 @@ _INT = re.compile(r"[-+]?(?:0|[1-9]\d*)")           # "007" stays text: a code, 
 _FLOAT = re.compile(r"[-+]?(?:(?:0|[1-9]\d*)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _RULE = re.compile(r"[|+]?[\s:=|+-]*[-=][\s:=|+-]*[|+]?")
 _FOOTER = re.compile(r"\((\d+) rows?\)")
+# A record's first line: "1. row" (mcp-alchemy), "Row 1:", "Record 1", "*** 1. row ***" (MySQL \G).
+_RECORD = re.compile(r"\**\s*(?:(\d+)\s*\.\s*row|(?:row|record)\s*#?\s*(\d+)\s*:?)\s*\**", re.I)
+_KEY_VALUE = re.compile(r"\s*([^:\s][^:]*?)\s*:\s?(.*)")
+_RECORDS_FOOTER = re.compile(r"(?:result:\s*)?\(?(\d+) rows?(?: in set(?: \([\d.]+ sec\))?)?\)?"
+                             r"( \(output truncated\))?\.?", re.I)
+_NO_ROWS = re.compile(r"no rows(?: returned| found)?|no results?(?: found)?|empty set|\(?0 rows\)?\.?", re.I)
+QUOTE_CHARS = 120  # what an error quotes of a result it cannot read: its first lines, at most this much
 _COLUMN_NAME = re.compile(r"[\w$.\"`\[\]]+|\w+\(.*\)")  # what a one-column CSV header may look like
-
-
-def short(text: str, n: int = 120) -> str:
-    """The first `n` characters of `text`, quoted, for error messages."""
-    return repr(text[:n] + ("..." if len(text) > n else ""))
 
 
 _ERROR_KEYS = {"error", "errors", "message", "detail", "status", "code"}
@@ -102,17 +111,29 @@ def parse_table(text: str) -> Table:
     if lines and lines[-1].lstrip().startswith("[truncated"):
         raise TruncatedResult(f"the SQL result was truncated ({lines[-1].strip()[:80]}); "
                               "query fewer rows (LIMIT/OFFSET) or aggregate")
-    if text == "(empty result)":  # a server that sent no content at all
+    if text == "(empty result)" or _NO_ROWS.fullmatch(text):  # no content at all, or a server's "No rows returned"
         return [], []
     if text[:1] in "[{":  # JSON or Python repr; broken JSON is never CSV
         data = _load(text)
         table = None if data is _NOTHING else _from_data(data)
+        problem = ("it looks like JSON or a Python list but parses as neither" if data is _NOTHING else
+                   "JSON (or a Python literal) with no rows in it: no list of objects, no columns and rows")
     else:
-        table = _pipe_table(lines) or _csv_table(text, lines)
+        try:
+            table = _records(lines) or _pipe_table(lines) or _csv_table(text, lines)
+        except TruncatedResult:
+            raise
+        except ValueError as e:  # records or a table that start well and then do not fit
+            raise ValueError(f"cannot read this SQL result as a table: {e}; it begins {_begins(lines)}") from None
+        problem = "not JSON, Python-repr rows, a pipe/Markdown table, CSV or numbered `key: value` records"
     if table is None:
-        raise ValueError("cannot read this SQL result as a table (not JSON, Python-repr rows, a pipe/Markdown "
-                         f"table or CSV): {short(text)}")
+        raise ValueError(f"cannot read this SQL result as a table: {problem}; it begins {_begins(lines)}")
     return table
+
+
+def _begins(lines: list[str]) -> str:
+    """The first lines of a result, quoted as a prefix, for an error that cannot read it."""
+    return short("\n".join(lines[:3]), QUOTE_CHARS)
 
 
 # --- typed formats: JSON and Python repr -------------------------------------
@@ -271,3 +292,42 @@ def _csv_table(text: str, lines: list[str]) -> Table | None:
     if len(header) == 1 and not _COLUMN_NAME.fullmatch(header[0]):
         return None  # one line of prose over another is not a one-column CSV
     return header, [[_text_cell(c, True) for c in r] for r in rows[1:]]
+
+
+def _records(lines: list[str]) -> Table | None:
+    """Numbered records of `key: value` lines (mcp-alchemy's "1. row", "Row 1:", MySQL's `\\G`), up to a
+    "Result: N rows" footer; None when the text does not start with a record, ValueError when it does but
+    a line or a record does not fit (a misread table must not become a verified answer)."""
+    lines = [ln for ln in lines if ln.strip()]
+    if not lines or not _RECORD.fullmatch(lines[0].strip()):
+        return None
+    records: list[list[tuple[str, Any]]] = []
+    numbers: list[int] = []
+    for line in lines:
+        head = _RECORD.fullmatch(line.strip())
+        if head:
+            numbers.append(int(head.group(1) or head.group(2)))
+            if numbers[-1] != numbers[0] + len(records):
+                raise ValueError(f"record {short(line.strip())} is out of order: "
+                                 f"expected number {numbers[0] + len(records)}")
+            records.append([])
+            continue
+        footer = _RECORDS_FOOTER.fullmatch(line.strip())
+        if footer:
+            if footer.group(2):
+                raise TruncatedResult(f"the SQL result was truncated ({line.strip()[:80]}); "
+                                      "query fewer rows (LIMIT/OFFSET) or aggregate")
+            if int(footer.group(1)) != len(records):
+                raise ValueError(f"the records end {line.strip()!r} but there are {len(records)}")
+            break  # what follows a footer (a link to the full result) is no row
+        field = _KEY_VALUE.fullmatch(line)
+        if not field:
+            raise ValueError(f"in record {numbers[-1]}, {short(line.strip())} is not a `key: value` line")
+        value = field.group(2).strip()
+        records[-1].append((field.group(1), None if value in ("NULL", "None") else number_or_text(value)))
+    header = [k for k, _ in records[0]]
+    for n, record in zip(numbers, records):
+        if [k for k, _ in record] != header or not header:
+            raise ValueError(f"record {n} has the keys {short(', '.join(k for k, _ in record))}; the first "
+                             f"has {short(', '.join(header))}")
+    return header, [[v for _, v in record] for record in records]
