@@ -79,7 +79,8 @@ def bench_ours(model_dir: Path, micro: int, budget: int, args) -> dict:
         m = trainer.train_step(groups)
         if cuda:
             torch.cuda.synchronize()
-        tokens, seconds, loss, tok_s = tokens + m["num_tokens"], seconds + m["seconds"], m["loss"], tok_s + m["tokenize_seconds"]
+        tokens, seconds, loss = tokens + m["num_tokens"], seconds + m["seconds"], m["loss"]
+        tok_s += m["tokenize_seconds"]
         assert m["updated"] == 1.0 and m["num_sequences"] == args.seqs, m
     row = {"trainer": "mcp_rl PortableTrainer" + (" new" if budget else ""), "label": "ours-new" if budget else "ours",
            "micro_batch": budget or micro, "seqs": args.seqs,
@@ -208,7 +209,8 @@ def table(rows: list[dict]) -> str:
     for ours in rows[:-1]:
         name = f"TRL / {ours['label']}"
         lines.append(f"{name:<26} | {'':>5} | {'':>10} | {trl['s_per_step'] / ours['s_per_step']:>5.2f}x | "
-                     f"{trl['tok_s'] / ours['tok_s']:>6.2f}x | {trl['peak_alloc_gib'] / ours['peak_alloc_gib']:>13.2f}x | "
+                     f"{trl['tok_s'] / ours['tok_s']:>6.2f}x | "
+                     f"{trl['peak_alloc_gib'] / ours['peak_alloc_gib']:>13.2f}x | "
                      f"{trl['peak_reserved_gib'] / ours['peak_reserved_gib']:>16.2f}x |")
     return "\n".join(lines)
 
@@ -256,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['art_tokenize_s']:.3f} s/step (inside its s/step; TRL gets the batch tokenized)" for r in rows[:-1]),
         f"loss (last step): {', '.join(r['label'] + ' ' + format(r['loss'], '.5g') for r in rows[:-1])}; "
         f"TRL {trl_row['loss']:.5g}, TRL x max_completion_length / max_seq_len = "
-        f"{trl_row['loss'] * trl_row['completion_len'] / args.seq_len:.5g} (the same objective up to Dr. GRPO's constant)", ""])
+        f"{trl_row['loss'] * trl_row['completion_len'] / args.seq_len:.5g} "
+        "(the same objective up to Dr. GRPO's constant)", ""])
     print("\n" + report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,9 @@ shaped like a learning run's (a prompt of tool schemas, assistant turns of 30-12
 results, lengths log-normal around --mean-len, one sequence at --longest: Gemma 3 270M's step 3 had 8078),
 random weights in the real model's shape (Gemma 3 270M or SmolLM2-135M; speed and memory do not depend on
 the weights), bf16 weights and autocast, LoRA r=16 on all linear layers as the pre-registered configs. Each
-repetition runs every mode (old, new, new-B; the order reversed every other one) from the same LoRA weights; a row per update:
-seconds, tokens/s, peak GiB (torch.cuda.max_memory_allocated; it counts every mode's model copy, static_gib
-says how much of it was there before the update), MFU, and the loss (all modes must agree).
+repetition runs every mode (old, new, new-B; the order reversed every other one) from the same LoRA weights;
+a row per update: seconds, tokens/s, peak GiB (torch.cuda.max_memory_allocated; it counts every mode's model
+copy, static_gib says how much of it was there before the update), MFU, and the loss (all modes must agree).
 
     python bench/bench_update.py --shape gemma3-270m --reps 3 --out $OUT/update_gemma.jsonl
     python bench/bench_update.py --shape qwen3b --checkpointing --seqs 24 --mean-len 2048 --longest 8192 \
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = {k: max((r["peak_gib"] or 0) - (r["static_gib"] or 0) for r in timed[k]) for k in ("old", m)}
         mfu = {k: sum(r["mfu"] for r in timed[k]) / len(timed[k]) for k in ("old", m)}
         print(f"mean update: old {mean['old']:.2f} s, {m} {mean[m]:.2f} s, {mean['old'] / mean[m]:.2f}x; "
-              f"peak over static old {peak['old']:.1f} GiB, {m} {peak[m]:.1f} GiB; MFU old {mfu['old']:.1%}, {m} {mfu[m]:.1%}; "
+              f"peak over static old {peak['old']:.1f} GiB, {m} {peak[m]:.1f} GiB; "
+              f"MFU old {mfu['old']:.1%}, {m} {mfu[m]:.1%}; "
               f"loss old {timed['old'][0]['loss']:.6g}, {m} {timed[m][0]['loss']:.6g}", flush=True)
     if args.out:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
