@@ -12,7 +12,8 @@ only differences are the settings under test. Modes:
        the decode's tail), packed GQA decode attention (decoder.packed_gqa_sdpa), trainer
        micro-batches packed to MICRO_BATCH_TOKENS padded tokens; with --packed (issue [speed]) the packed
        update instead (mcp_rl/training/packing.py: sequences end to end in rows of MICRO_BATCH_TOKENS at most, the LM
-       head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA)
+       head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA); with
+       --reuse-prefix each episode's KV cache kept between its turns (mcp_rl/policies/prefix_cache.py)
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
 scenarios in both modes from the same weights and counts rollouts whose tokens are identical
@@ -51,9 +52,13 @@ def set_mode(trainer, mode: dict) -> None:
 
     from bench_packed_gqa import attention
 
+    from mcp_rl.policies.prefix_cache import PrefixCache
+
     trainer.policy.batch_wait_s, trainer.policy.batch_gap_s = mode["batch_wait_s"], mode["batch_gap_s"]
     trainer.micro_batch_tokens, trainer.policy.hand_back = mode["micro_batch_tokens"], mode["hand_back"]
     trainer.packed = mode.get("packed", False)
+    # The cpu preset turns the KV reuse on (exact in float32 only): off unless this mode asks, a fresh cache if so.
+    trainer.policy.prefix_cache = PrefixCache(int(1.5 * 2**30)) if mode.get("reuse_prefix") else None
     if trainer.packed != mode.get("packed", False):
         raise SystemExit("--packed: this model or attention cannot run packed sequences (see the warning above)")
     AttentionInterface.register("sdpa", attention("packed" if mode["packed_gqa"] else "repeat"))
@@ -73,12 +78,16 @@ async def bench(args) -> list[dict]:
 
     cfg = apply_overrides(load_config(args.config), args.set)
     train, _, test = pipeline.load_splits(cfg)
-    trainer = learning_proof.build_trainer(cfg, max_batch=cfg.rollout.concurrency, batch_wait_s=0.3,
-                                           random_weights=args.random_weights, shape=args.shape)
+    # learning_proof.build_trainer is gone (9e21ea1): the library's builder, the policy batch from the config
+    # (smollm2.yaml: 192 wide, 0.3 s); set_mode then sets every setting under test, the KV reuse too.
+    cfg.policy_batch = max(cfg.policy_batch, cfg.rollout.concurrency)
+    model = learning_proof.random_model(args.random_weights, args.shape) if args.random_weights else None
+    trainer = parts.build_trainer(cfg, model=model)
     modes = {"old": {"batch_wait_s": 0.3, "batch_gap_s": None, "micro_batch_tokens": 0, "hand_back": False,
                      "packed_gqa": False, "packed": False},
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
-                     "hand_back": True, "packed_gqa": True, "packed": args.packed}}
+                     "hand_back": True, "packed_gqa": True, "packed": args.packed,
+                     "reuse_prefix": args.reuse_prefix}}
     rows: list[dict] = []
     async with parts.open_server(cfg) as server:
         with tempfile.TemporaryDirectory() as tmp:
@@ -167,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy-scenarios", type=int, default=32, help="held-out scenarios in the greedy check (0: none)")
     ap.add_argument("--packed", action="store_true", help="new mode: the packed update (no padding; "
                     "--micro-batch-tokens bounds its packed rows)")
+    ap.add_argument("--reuse-prefix", action="store_true", help="new mode: keep each episode's KV cache between "
+                    "its turns (policy_reuse_prefix, 1.5 GiB); old never does")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
     ap.add_argument("--shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")

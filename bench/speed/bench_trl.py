@@ -23,6 +23,7 @@ logsumexp. TRL's dr_grpo divides by max_completion_length (set to the completion
 ours by max_seq_len: a constant scale on the gradient. Only bf16: 4-bit needs bitsandbytes.
 
     python bench/speed/bench_trl.py --tokenizer DIR --out bench/results/trl.txt
+    python bench/speed/bench_trl.py --tokenizer DIR --ours old new:4096 new:16384 --out $OUT/trl_new.txt   # both settings
     python bench/speed/bench_trl.py --tokenizer DIR --shape tiny --seq-len 256   # CPU check
 """
 
@@ -42,9 +43,54 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # TRL pings the Hub (telemetry) when a trainer is built
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_trainer import QWEN3B, TINY, bench_mode, groups_for, save_random_model  # noqa: E402
+from bench_trainer import QWEN3B, TINY, groups_for, save_random_model  # noqa: E402
 
-from mcp_rl.policies.local_policy import art_tokenizer, load_local_model  # noqa: E402
+from mcp_rl.policies.local_policy import LocalPolicy, art_tokenizer, load_local_model  # noqa: E402
+from mcp_rl.training.portable import PortableTrainer  # noqa: E402
+
+
+def bench_ours(model_dir: Path, micro: int, budget: int, args) -> dict:
+    """PortableTrainer.train_step, as bench_trainer.bench_mode (bf16, checkpointing, LoRA r=8), in one of two
+    settings: budget 0 = old (padded micro-batches of `micro` sequences), else new (`packed=True`,
+    `micro_batch_tokens=budget`: packed rows, the LM head only on trained tokens through Liger's fused kernel)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    model, tok = load_local_model(str(model_dir))
+    load_s = time.perf_counter() - t0
+    trainer = PortableTrainer(LocalPolicy(model, tok, name="qwen3b-shape"), learning_rate=1e-5, micro_batch_size=micro,
+                              max_seq_len=args.seq_len, gradient_checkpointing=True, precision="bf16",
+                              micro_batch_tokens=budget, packed=budget > 0)
+    if budget and not trainer.packed:
+        print("warning: ours-new asked for packed sequences and the probe refused them: padded path", flush=True)
+    static = torch.cuda.memory_allocated() / 2**30 if cuda else float("nan")
+    groups, seq_len = groups_for(tok, args.seq_len, args.seqs)
+    trainer.train_step(groups)  # warm-up: kernels, allocator, optimizer state
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    tokens, seconds, loss, tok_s = 0.0, 0.0, 0.0, 0.0
+    for _ in range(args.steps):
+        m = trainer.train_step(groups)
+        if cuda:
+            torch.cuda.synchronize()
+        tokens, seconds, loss = tokens + m["num_tokens"], seconds + m["seconds"], m["loss"]
+        tok_s += m["tokenize_seconds"]
+        assert m["updated"] == 1.0 and m["num_sequences"] == args.seqs, m
+    row = {"trainer": "mcp_rl PortableTrainer" + (" new" if budget else ""), "label": "ours-new" if budget else "ours",
+           "micro_batch": budget or micro, "seqs": args.seqs,
+           "seq_len": seq_len, "steps": args.steps, "s_per_step": seconds / args.steps, "tok_s": tokens / seconds,
+           "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+           "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else float("nan"),
+           "static_gib": static, "load_s": load_s, "loss": loss, "packed": trainer.packed, "fused_head": trainer._fused,
+           "budget": budget, "art_tokenize_s": tok_s / args.steps}
+    del trainer, model
+    return row
 
 
 def sequences(tok, groups) -> list[dict]:
@@ -152,17 +198,20 @@ def bench_trl(model_dir: Path, micro: int, args) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'trainer':<22} | {'micro':>5} | {'seqs x len':>10} | {'s/step':>6} | {'tok/s':>7} | "
+    head = (f"{'trainer':<26} | {'micro':>5} | {'seqs x len':>10} | {'s/step':>6} | {'tok/s':>7} | "
             f"{'peak alloc GiB':>14} | {'peak reserved GiB':>17} | {'weights+LoRA GiB':>16}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['trainer']:<22} | {r['micro_batch']:>5} | {r['seqs']:>4} x {r['seq_len']:<4} | "
+        lines.append(f"{r['trainer']:<26} | {r['micro_batch']:>5} | {r['seqs']:>4} x {r['seq_len']:<4} | "
                      f"{r['s_per_step']:>6.2f} | {r['tok_s']:>7.0f} | {r['peak_alloc_gib']:>14.2f} | "
                      f"{r['peak_reserved_gib']:>17.2f} | {r['static_gib']:>16.2f}")
-    ours, trl = rows
-    lines.append(f"{'TRL / ours':<22} | {'':>5} | {'':>10} | {trl['s_per_step'] / ours['s_per_step']:>5.2f}x | "
-                 f"{trl['tok_s'] / ours['tok_s']:>6.2f}x | {trl['peak_alloc_gib'] / ours['peak_alloc_gib']:>13.2f}x | "
-                 f"{trl['peak_reserved_gib'] / ours['peak_reserved_gib']:>16.2f}x |")
+    trl = rows[-1]
+    for ours in rows[:-1]:
+        name = f"TRL / {ours['label']}"
+        lines.append(f"{name:<26} | {'':>5} | {'':>10} | {trl['s_per_step'] / ours['s_per_step']:>5.2f}x | "
+                     f"{trl['tok_s'] / ours['tok_s']:>6.2f}x | "
+                     f"{trl['peak_alloc_gib'] / ours['peak_alloc_gib']:>13.2f}x | "
+                     f"{trl['peak_reserved_gib'] / ours['peak_reserved_gib']:>16.2f}x |")
     return "\n".join(lines)
 
 
@@ -175,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqs", type=int, default=8, help="sequences per step (groups of 4); a multiple of --micro")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per trainer (after one warm-up)")
+    ap.add_argument("--ours", nargs="+", default=["old"], metavar="old|new:BUDGET",
+                    help="our settings, each timed beside TRL: old (padded micro-batches of --micro) or new:BUDGET "
+                         "(packed, micro-batches of BUDGET tokens of packed rows)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.seqs % 4 or args.seqs % args.micro:
@@ -185,9 +237,12 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = Path(args.model_dir if args.shape == "qwen3b" else args.model_dir + "-tiny")
     save_random_model(model_dir, QWEN3B if args.shape == "qwen3b" else TINY, args.tokenizer)
-    ours = bench_mode(model_dir, False, [args.micro], args)[0]
-    ours = {"trainer": "mcp_rl PortableTrainer", **{k: v for k, v in ours.items() if k != "mode"}}
-    rows = [ours, bench_trl(model_dir, args.micro, args)]
+    rows = []
+    for spec in args.ours:
+        rows.append(bench_ours(model_dir, args.micro, int(spec.partition(":")[2] or 0) if spec != "old" else 0, args))
+        print(json.dumps(rows[-1]), flush=True)  # kept in the log if TRL's side then fails
+    rows.append(bench_trl(model_dir, args.micro, args))
+    trl_row = rows[-1]
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = "\n".join([
         f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
@@ -197,11 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         f"| bf16 autocast | dr_grpo, beta=0 | {args.steps} timed steps after 1 warm-up "
         "| tokens/s counts every token of every sequence",
         "", table(rows), "",
-        f"ours includes ART's tokenization of the batch: {rows[1]['art_tokenize_s']:.3f} s/step "
-        "(TRL gets the batch already tokenized)",
-        f"loss (last step): ours {ours['loss']:.5g}, TRL {rows[1]['loss']:.5g}, TRL x max_completion_length / "
-        f"max_seq_len = {rows[1]['loss'] * rows[1]['completion_len'] / args.seq_len:.5g} (the same objective "
-        "up to Dr. GRPO's constant)", ""])
+        "ours-old: padded micro-batches of `micro` sequences; ours-new: `micro` is its token budget (packed rows, "
+        "the LM head only on trained tokens, Liger's fused kernel where it runs)",
+        *(f"{r['label']}: packed {r['packed']}, fused head {r['fused_head']}, ART tokenization "
+          f"{r['art_tokenize_s']:.3f} s/step (inside its s/step; TRL gets the batch tokenized)" for r in rows[:-1]),
+        f"loss (last step): {', '.join(r['label'] + ' ' + format(r['loss'], '.5g') for r in rows[:-1])}; "
+        f"TRL {trl_row['loss']:.5g}, TRL x max_completion_length / max_seq_len = "
+        f"{trl_row['loss'] * trl_row['completion_len'] / args.seq_len:.5g} "
+        "(the same objective up to Dr. GRPO's constant)", ""])
     print("\n" + report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,13 @@ shaped like a learning run's (a prompt of tool schemas, assistant turns of 30-12
 results, lengths log-normal around --mean-len, one sequence at --longest: Gemma 3 270M's step 3 had 8078),
 random weights in the real model's shape (Gemma 3 270M or SmolLM2-135M; speed and memory do not depend on
 the weights), bf16 weights and autocast, LoRA r=16 on all linear layers as the pre-registered configs. Each
-repetition runs old then new (alternating which goes first) from the same LoRA weights; a row per update:
-seconds, trained tokens/s, peak GiB (torch.cuda.max_memory_allocated), and the loss (the two must agree).
+repetition runs every mode (old, new, new-B; the order reversed every other one) from the same LoRA weights;
+a row per update: seconds, tokens/s, peak GiB (torch.cuda.max_memory_allocated; it counts every mode's model
+copy, static_gib says how much of it was there before the update), MFU, and the loss (all modes must agree).
 
     python bench/speed/bench_update.py --shape gemma3-270m --reps 3 --out $OUT/update_gemma.jsonl
+    python bench/speed/bench_update.py --shape qwen3b --checkpointing --seqs 24 --mean-len 2048 --longest 8192 \
+        --old-micro-batch 2 --budget 16384 32768 --reps 2      # new at 16384, new-32768 beside it
     python bench/speed/bench_update.py --shape tiny --seqs 8 --mean-len 60 --longest 120 --reps 1   # CPU check
 """
 
@@ -47,11 +50,12 @@ def model_of(shape: str, device: str):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    if shape == "gemma3-270m":
-        model = Gemma3ForCausalLM(Gemma3TextConfig(**GEMMA, bos_token_id=2, eos_token_id=1, pad_token_id=0))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**{"smollm2": SMOLLM2, "qwen3b": QWEN3B}.get(shape, TINY), bos_token_id=1,
-                                             eos_token_id=2, pad_token_id=2))
+    with torch.device(device):  # built where it runs: a 3B model's random init on the host took minutes of GPU lease
+        if shape == "gemma3-270m":
+            model = Gemma3ForCausalLM(Gemma3TextConfig(**GEMMA, bos_token_id=2, eos_token_id=1, pad_token_id=0))
+        else:
+            model = LlamaForCausalLM(LlamaConfig(**{"smollm2": SMOLLM2, "qwen3b": QWEN3B}.get(shape, TINY),
+                                                 bos_token_id=1, eos_token_id=2, pad_token_id=2))
     return model.to(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
 
 
@@ -83,6 +87,9 @@ def update(trainer, seqs: list[dict]) -> dict:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    # What the process holds before the update: every mode's model copy (the bench keeps all of them on the GPU),
+    # so peak_gib is comparable between modes of one run only; peak_gib - static_gib is this update's own.
+    static = torch.cuda.memory_allocated() / 2**30 if cuda else None
     t0 = time.perf_counter()
     constant, total, batches = trainer.max_seq_len * len(seqs), 0.0, trainer._micro_batches(seqs)
     trainer.model.train()
@@ -100,7 +107,8 @@ def update(trainer, seqs: list[dict]) -> dict:
     tokens = sum(len(s["ids"]) for s in seqs)
     return {"seconds": round(seconds, 3), "tokens": tokens, "tokens_per_s": round(tokens / seconds),
             "micro_batches": len(batches), "loss": total, "grad_norm": grad_norm,
-            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+            "static_gib": round(static, 2) if cuda else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mean-len", type=int, default=1250)
     ap.add_argument("--longest", type=int, default=8078)
     ap.add_argument("--old-micro-batch", type=int, default=8, help="old: sequences a micro-batch (pre-registered 8)")
-    ap.add_argument("--budget", type=int, default=16384, help="new: tokens of a micro-batch's packed rows")
+    ap.add_argument("--budget", type=int, nargs="+", default=[16384],
+                    help="new: tokens of a micro-batch's packed rows; several: a mode new-B for each after the first")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None, help="rows as JSONL")
     args = ap.parse_args(argv)
@@ -124,14 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     base = model_of(args.shape, device)
     seqs = step_seqs(args.seqs, args.mean_len, args.longest, base.config.vocab_size)
     trainers = {}
-    for mode in ("old", "new"):
+    budgets = {"old": 0, "new": args.budget[0], **{f"new-{b}": b for b in args.budget[1:]}}
+    for mode, budget in budgets.items():
         torch.manual_seed(1)  # the same LoRA initialisation
         tok = types.SimpleNamespace(pad_token_id=0)  # no text: the sequences are token ids already
         policy = types.SimpleNamespace(model=copy.deepcopy(base), tokenizer=tok, step=0)
         trainers[mode] = PortableTrainer(
             policy, learning_rate=2e-4, lora_r=16, lora_alpha=32, max_seq_len=8192, precision="auto",
-            micro_batch_size=args.old_micro_batch, micro_batch_tokens=args.budget if mode == "new" else 0,
-            packed=mode == "new", gradient_checkpointing=args.checkpointing)
+            micro_batch_size=args.old_micro_batch, micro_batch_tokens=budget,
+            packed=mode != "old", gradient_checkpointing=args.checkpointing)
         trainers[mode].tokenizer = policy.tokenizer
     print(f"{args.shape}: {len(seqs)} sequences, {sum(len(s['ids']) for s in seqs)} tokens, "
           f"{sum(sum(s['mask']) for s in seqs)} trained, longest {max(len(s['ids']) for s in seqs)}; "
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in base.parameters())
     rows = []
     for rep in range(args.reps + 1):  # rep 0 warms up (Triton and cuBLAS autotuning)
-        for mode in (("old", "new") if rep % 2 == 0 else ("new", "old")):
+        for mode in (list(budgets) if rep % 2 == 0 else list(budgets)[::-1]):
             state = {n: p.detach().clone() for n, p in trainers[mode].model.named_parameters() if p.requires_grad}
             try:
                 result = update(trainers[mode], seqs)
@@ -159,13 +169,15 @@ def main(argv: list[str] | None = None) -> int:
                         p.copy_(state[n])
             rows.append(row)
             print(json.dumps(row), flush=True)
-    timed = {m: [r for r in rows if r["mode"] == m and not r["warmup"] and "error" not in r] for m in ("old", "new")}
-    if all(timed.values()):
-        mean = {m: sum(r["seconds"] for r in timed[m]) / len(timed[m]) for m in timed}
-        peak = {m: max(r["peak_gib"] or 0 for r in timed[m]) for m in timed}
-        print(f"mean update: old {mean['old']:.2f} s, new {mean['new']:.2f} s, {mean['old'] / mean['new']:.2f}x; "
-              f"peak old {peak['old']:.1f} GiB, new {peak['new']:.1f} GiB; loss old {timed['old'][0]['loss']:.6g}, "
-              f"new {timed['new'][0]['loss']:.6g}", flush=True)
+    timed = {m: [r for r in rows if r["mode"] == m and not r["warmup"] and "error" not in r] for m in budgets}
+    for m in (m for m in budgets if m != "old" and timed[m] and timed["old"]):
+        mean = {k: sum(r["seconds"] for r in timed[k]) / len(timed[k]) for k in ("old", m)}
+        peak = {k: max((r["peak_gib"] or 0) - (r["static_gib"] or 0) for r in timed[k]) for k in ("old", m)}
+        mfu = {k: sum(r["mfu"] for r in timed[k]) / len(timed[k]) for k in ("old", m)}
+        print(f"mean update: old {mean['old']:.2f} s, {m} {mean[m]:.2f} s, {mean['old'] / mean[m]:.2f}x; "
+              f"peak over static old {peak['old']:.1f} GiB, {m} {peak[m]:.1f} GiB; "
+              f"MFU old {mfu['old']:.1%}, {m} {mfu[m]:.1%}; "
+              f"loss old {timed['old'][0]['loss']:.6g}, {m} {timed[m][0]['loss']:.6g}", flush=True)
     if args.out:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
