@@ -442,7 +442,7 @@ def test_tutorial_runs_on_cpu_and_a_second_pass_resumes_never_relabels(tmp_path,
         # The cells a user re-runs: the run cell, the server (stopped by the last cell), the trainer,
         # base eval, warm start, train, trained eval.
         again = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
-            k in c.source for k in ("open_run(cfg", "HttpServer(", "run.trainer()", 'run.evaluate("base"',
+            k in c.source for k in ("open_run(cfg", "run.env.start()", "run.trainer()", 'run.evaluate("base"',
                                     "run.warm_start(", "run.train(", 'run.evaluate("trained"'))]
         assert len(again) == 7
         second = []
