@@ -97,3 +97,22 @@ def test_the_environment_is_found_by_name_and_carries_the_solo_prompt(env):
     assert env.name == NAME and env.episode is not None and env.score is not None
     assert "<policy>" in env.system_prompt and COMPLETE_TOOL_NAME in env.system_prompt
     assert "<ticket>" not in env.system_prompt  # the ticket is the task message
+
+
+def test_a_run_configured_from_the_environment_gets_its_prompt_tools_and_turns(env, tests):
+    from mcp_rl.runs.config import Config
+
+    cfg = env.configure(Config())
+    longest = max(len(s.extra["actions"]) for s in tests)
+    assert cfg.rollout.max_turns == 30 > longest + 1 and cfg.rollout.system_prompt == env.system_prompt
+    assert set(cfg.rollout.tool_policy.allow) == set(env.server_tools)  # the allowlist admits τ²'s write tools
+
+
+async def test_transfer_at_once_wins_exactly_the_tasks_whose_gold_is_the_transfer(env, tests):
+    # τ²'s rubric, measured (not ours to change): on a PIN-locked SIM the gold outcome is a transfer with the
+    # device untouched, so a policy that transfers without looking solves those tasks (12 of the 40).
+    transfer = ScriptedPolicy(play({"tool": "transfer_to_human_agents", "arguments": {"summary": "help"}}, DONE))
+    trajs = await asyncio.gather(*(rollout(transfer, env, s, OPEN) for s in tests))
+    won = {s.id for s, t in zip(tests, trajs) if t.metrics["env_reward"] == 1.0}
+    assert won == {s.id for s in tests if [a["tool"] for a in s.extra["actions"]] == ["transfer_to_human_agents"]}
+    assert len(won) == 12

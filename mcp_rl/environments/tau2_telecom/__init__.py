@@ -12,6 +12,12 @@ where τ² types them READ); its score, τ²'s `evaluate_simulation` on the call
 base tasks with τ²'s train/test split (tasks.py, data/tau2_telecom.jsonl: 74 train, 40 test) carrying
 their gold actions; τ²'s solo-mode system prompt. Everything τ² is imported lazily (bench.py): looking
 environments up does not need it installed.
+
+Measured (bench/checks/check_tau2.py, the 40 test tasks): gold actions 1.0 on 40/40, nothing done 0.0;
+but a transfer to a human agent without looking scores 1.0 on 12/40 (τ²'s rubric for a PIN-locked SIM:
+the transfer, with the device left as it was), so τ²'s reward alone is gameable there. τ²'s tickets
+repeat across tasks (5 texts for 114 tasks: the cause is on the device, for the agent to find), so a
+DemonstrationPolicy, which finds its task by the text, must be given one task at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from typing import Any
 from mcp_rl.environment import Environment
 
 NAME = "tau2-telecom"
+# Turns a rollout gets: the longest gold run is 12 calls and complete_task, and an agent must also look at
+# the device first (τ²'s own orchestrator allows 200 messages, ~100 turns; the context is our limit).
+MAX_TURNS = 30
 ALIASES = (NAME, "tau2_telecom", "tau2:telecom")
 SCENARIOS = Path(__file__).resolve().parents[3] / "data" / "tau2_telecom.jsonl"
 
@@ -36,6 +45,7 @@ def environment(scenarios: str | Path | None = None) -> Environment:
     if not path.exists():
         import_tasks(path)
     return Environment(NAME, scenarios=path, system_prompt=system_prompt(), server_tools=tool_names(),
+                       max_turns=MAX_TURNS,
                        episode=episode, score=score)
 
 
