@@ -25,6 +25,7 @@ from typing import Any
 import fastmcp
 from fastmcp.tools import Tool, ToolResult
 from mcp.types import ToolAnnotations
+from pydantic import Field
 
 from mcp_rl.environment import Episode
 
@@ -54,7 +55,7 @@ class TelecomState:
 class Tau2Tool(Tool):
     """A τ² tool as an MCP tool: τ²'s name, description and JSON schema; a call goes to the episode."""
 
-    state: Any = None
+    state: Any = Field(default=None, exclude=True)  # this rollout's TelecomState: never serialised or listed
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         reply = self.state.call(self.name, arguments)
