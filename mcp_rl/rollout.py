@@ -217,6 +217,8 @@ async def rollout(policy, server, scenario, cfg: RolloutConfig | None = None) ->
     """
     cfg = cfg or RolloutConfig()
     tool_policy = cfg.tool_policy or ToolPolicy()
+    if hasattr(policy, "for_scenario"):  # a scripted policy that plays each task's own plan (DemonstrationPolicy)
+        policy = policy.for_scenario(scenario)
     start = time.monotonic()
     traj = _new_trajectory(policy, scenario, cfg, [COMPLETE_TOOL])
     try:

@@ -217,3 +217,16 @@ async def test_the_cheat_audit_runs_on_an_environment_that_checks_outcomes():
     names = [r.name for r in report.rows]
     assert "another task's lookups, then paste the last result" in names and "empty answer" in names
     assert not any(n.startswith("lookups, then") for n in names)  # a task's own actions are the honest work
+
+
+async def test_demonstrations_of_tasks_that_share_a_text_play_each_tasks_own_actions():
+    env = cart_environment([], [])
+    tasks = [Scenario(id=f"s{i}", task="Fix my cart.", extra={
+        "want": f"item{i}", "actions": [{"tool": "add", "arguments": {"item": f"item{i}"}}]}) for i in range(4)]
+    demo = env.demonstrations(tasks)
+    groups = await gather_rollouts(demo, env, tasks, OPEN)
+    assert [g.trajectories[0].metrics["env_reward"] for g in groups] == [1.0] * 4  # not the first task's plan 4 times
+    from mcp_rl.policies.policy import PolicyError
+
+    with pytest.raises(PolicyError, match="different demonstrations"):
+        await demo.complete([{"role": "user", "content": "Fix my cart."}], [])

@@ -233,15 +233,30 @@ class DemonstrationPolicy(ScriptedPolicy):
     def __init__(self, scenarios: Sequence[Any], plan: Callable[[Any], list[dict]], tokenizer: Any = None):
         if not callable(plan):
             raise ValueError("DemonstrationPolicy needs a plan: fn(scenario) -> tool-call steps (e.g. policy.sql_plan)")
-        self.by_task = {s.task.strip(): s for s in scenarios}
-        self.plan = plan
+        self.by_task: dict[str, Any] = {}
+        self.ambiguous: set[str] = set()  # texts shared by tasks with different plans (τ² tickets repeat)
+        for s in scenarios:
+            text = s.task.strip()
+            if text in self.by_task and plan(self.by_task[text]) != plan(s):
+                self.ambiguous.add(text)
+            self.by_task.setdefault(text, s)
+        self.plan, self.scenario = plan, None
         super().__init__(self._next, tokenizer)
+
+    def for_scenario(self, scenario: Any) -> "DemonstrationPolicy":
+        """This policy bound to one task (rollout() asks for it): the task's own plan, whatever its text."""
+        bound = DemonstrationPolicy([], self.plan, self.tokenizer)
+        bound.scenario, bound.step = scenario, self.step
+        return bound
 
     def _next(self, messages: list[dict]) -> dict:
         task = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
-        scenario = self.by_task.get(task.strip())
+        scenario = self.scenario or self.by_task.get(task.strip())
         if scenario is None:
             raise PolicyError(f"no demonstration for task {task[:80]!r}: pass its Scenario to DemonstrationPolicy")
+        if self.scenario is None and task.strip() in self.ambiguous:
+            raise PolicyError(f"tasks with the text {task[:80]!r} have different demonstrations: roll out through "
+                              "rollout(), which binds each episode to its scenario (for_scenario)")
         done = sum(1 for m in messages if m.get("role") == "assistant")
         steps = self.plan(scenario)
         return steps[min(done, len(steps) - 1)]
