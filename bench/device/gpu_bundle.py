@@ -39,11 +39,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / ".dev" / "gpu"
-# A call carries 64 MiB, the working tree (every tracked file) included; 1 MiB of margin.
+# A call carries 64 MiB, the working tree (every tracked file) included; 1 MiB of margin, and 6 MiB of room
+# for the tree to grow between the bundle's build and its last call (session 19: results committed after
+# the build pushed a 59.1 MiB part over the limit, and it had to be split by hand).
 _TREE = sum((ROOT / f).stat().st_size for f in subprocess.run(
     ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
     if f and (ROOT / f).is_file())
-LIMIT = 63 * 2**20 - _TREE
+GROWTH = 6 * 2**20
+LIMIT = 63 * 2**20 - _TREE - GROWTH
 # On the box already (the torch side), or too large to carry and present there.
 SKIP = re.compile(r"^(torch|nvidia-.*|triton|transformers|peft|accelerate|tokenizers|safetensors|"
                   r"huggingface-hub|hf-xet|numpy|pillow|jinja2|markupsafe|setuptools|pip|mcp-rl)$")
