@@ -16,8 +16,9 @@ environments up does not need it installed.
 Measured (bench/checks/check_tau2.py, the 40 test tasks): gold actions 1.0 on 40/40, nothing done 0.0;
 but a transfer to a human agent without looking scores 1.0 on 12/40 (τ²'s rubric for a PIN-locked SIM:
 the transfer, with the device left as it was), so τ²'s reward alone is gameable there. τ²'s tickets
-repeat across tasks (5 texts for 114 tasks: the cause is on the device, for the agent to find), so a
-DemonstrationPolicy, which finds its task by the text, must be given one task at a time.
+repeat across tasks (5 texts for 114 tasks: the cause is on the device, for the agent to find): rollout()
+binds a DemonstrationPolicy to each episode's own task (`for_scenario`), and its gold actions show the fix,
+not the diagnosis that finds it.
 """
 
 from __future__ import annotations
