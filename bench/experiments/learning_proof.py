@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mcp_rl import distributed  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
+from mcp_rl.scale import distributed  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
 from mcp_rl.runs.callbacks import STARTED, TrainerCallback  # noqa: E402  (STARTED: train.deadline_s counts from here)
 from mcp_rl.runs.config import apply_overrides, load_config  # noqa: E402
 from mcp_rl.tasks.scenarios import load_scenarios, save_scenarios  # noqa: E402
