@@ -140,6 +140,15 @@ def header() -> str:
             f"device: {dev} | torch {torch.__version__} | transformers {transformers.__version__} | python {platform.python_version()}")
 
 
+
+def write_outputs(out: str | None, report: str, rows: list[dict]) -> None:
+    """Print the report; with `out`, write it there and the rows beside it as JSONL (the speed benches' one format)."""
+    print("\n" + report)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(report)
+        Path(out).with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["smollm2", "qwen3b-shape"],
@@ -157,11 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join([header(), f"max_tokens {args.max_tokens} | temperature 1.0 | LocalPolicy max_batch "
                         f"{max(args.concurrency)} | speedup = tok/s over the one-at-a-time tok/s (target >= 5x at 16)",
                         "", table(rows), ""])
-    print("\n" + report)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report)
-        Path(args.out).with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_outputs(args.out, report, rows)
     return 0
 
 

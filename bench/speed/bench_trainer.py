@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import random
 import sys
@@ -38,7 +37,7 @@ from mcp_rl.training.portable import PortableTrainer  # noqa: E402
 
 # The Qwen2.5-3B shape is defined once, in the generation bench beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import QWEN3B  # noqa: E402
+from bench_generation import QWEN3B, write_outputs  # noqa: E402
 
 TINY = dict(QWEN3B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
@@ -177,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         f"model: {args.shape}-shaped Qwen2, random weights | LoRA r=8 all-linear | gradient checkpointing | bf16 autocast "
         f"| dr_grpo | {args.steps} timed steps after 1 warm-up | tokens/s counts every token of every sequence",
         "", table(rows), "", "target: 4-bit peak allocated <= 15 GiB", ""])
-    print("\n" + report)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report)
-        Path(args.out).with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_outputs(args.out, report, rows)
     return 0
 
 

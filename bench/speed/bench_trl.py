@@ -43,16 +43,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # TRL pings the Hub (telemetry) when a trainer is built
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generation import write_outputs  # noqa: E402
 from bench_trainer import QWEN3B, TINY, groups_for, save_random_model  # noqa: E402
 
 from mcp_rl.policies.local_policy import LocalPolicy, art_tokenizer, load_local_model  # noqa: E402
 from mcp_rl.training.portable import PortableTrainer  # noqa: E402
 
 
-def bench_ours(model_dir: Path, micro: int, budget: int, args) -> dict:
-    """PortableTrainer.train_step, as bench_trainer.bench_mode (bf16, checkpointing, LoRA r=8), in one of two
-    settings: budget 0 = old (padded micro-batches of `micro` sequences), else new (`packed=True`,
-    `micro_batch_tokens=budget`: packed rows, the LM head only on trained tokens through Liger's fused kernel)."""
+def fresh_model(model_dir: Path):
+    """(cuda?, model, tokenizer, load seconds), loaded after emptying the GPU and resetting its peak counters,
+    so each trainer's peak is its own."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -62,7 +62,16 @@ def bench_ours(model_dir: Path, micro: int, budget: int, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     model, tok = load_local_model(str(model_dir))
-    load_s = time.perf_counter() - t0
+    return cuda, model, tok, time.perf_counter() - t0
+
+
+def bench_ours(model_dir: Path, micro: int, budget: int, args) -> dict:
+    """PortableTrainer.train_step, as bench_trainer.bench_mode (bf16, checkpointing, LoRA r=8), in one of two
+    settings: budget 0 = old (padded micro-batches of `micro` sequences), else new (`packed=True`,
+    `micro_batch_tokens=budget`: packed rows, the LM head only on trained tokens through Liger's fused kernel)."""
+    import torch
+
+    cuda, model, tok, load_s = fresh_model(model_dir)
     trainer = PortableTrainer(LocalPolicy(model, tok, name="qwen3b-shape"), learning_rate=1e-5, micro_batch_size=micro,
                               max_seq_len=args.seq_len, gradient_checkpointing=True, precision="bf16",
                               micro_batch_tokens=budget, packed=budget > 0)
@@ -137,14 +146,7 @@ def bench_trl(model_dir: Path, micro: int, args) -> dict:
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    cuda = torch.cuda.is_available()
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    model, tok = load_local_model(str(model_dir))
-    load_s = time.perf_counter() - t0
+    cuda, model, tok, load_s = fresh_model(model_dir)
     groups, seq_len = groups_for(tok, args.seq_len, args.seqs)
     t0 = time.perf_counter()
     seqs = sequences(tok, groups)  # the same ART call as inside our train_step: its cost is reported apart
@@ -260,11 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         f"TRL {trl_row['loss']:.5g}, TRL x max_completion_length / max_seq_len = "
         f"{trl_row['loss'] * trl_row['completion_len'] / args.seq_len:.5g} "
         "(the same objective up to Dr. GRPO's constant)", ""])
-    print("\n" + report)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report)
-        Path(args.out).with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_outputs(args.out, report, rows)
     return 0
 
 
