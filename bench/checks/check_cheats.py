@@ -414,8 +414,6 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     sys.path.insert(0, str(ROOT))
     from mcp_server import build_server
-    import importlib.util
-
     from mcp_rl.environments.company import build_db as mod
     all_s = [s for s in load_scenarios(ROOT / "data" / "scenarios.jsonl") if s.answer is not None]
     train = [s for s in all_s if s.split == "train"]

@@ -12,7 +12,6 @@ refuses (with its reference query and what each world showed), and the scoring t
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 import tempfile
@@ -73,8 +72,6 @@ async def measure(server, scenarios, k: int = 4, seed: int = 0) -> str:
 
 def main() -> None:
     logging.basicConfig(level=logging.ERROR)
-    import importlib.util
-
     from mcp_server import build_server
 
     from mcp_rl.environments.company import build_db as mod

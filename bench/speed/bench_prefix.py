@@ -51,13 +51,11 @@ def build(name: str):
 
 async def tool_results(scenarios, turns: int) -> tuple[list[dict], list[list[str]]]:
     """The company server's tools, and per scenario the results of `turns` real calls."""
-    import importlib.util
-
+    from mcp_rl.environments.company.build_db import build_db
+    from mcp_rl.environments.company.server import build_server
     from mcp_rl.mcp.connect import ToolSession
-    from mcp_server import build_server
 
-    from mcp_rl.environments.company import build_db as module
-    db = module.build_db(Path(tempfile.mkdtemp()) / "company.db")
+    db = build_db(Path(tempfile.mkdtemp()) / "company.db")
     calls = [("list_tables", {}), ("describe_table", {"table_name": "employees"}), None,
              ("run_query", {"sql": "SELECT * FROM departments"}), ("describe_table", {"table_name": "departments"}),
              ("run_query", {"sql": "SELECT name, title, salary FROM employees LIMIT 20"})]
