@@ -88,7 +88,8 @@ def imitation_tables(run_dir: Path, rl_dirs: list[Path], timings: dict, history:
              "imitation": {"budget_s": sft[-1]["budget_s"], "sft_seconds": sft[-1]["seconds"],
                            "epochs": sft[-1]["epochs_done"], "demonstrations": sft[-1]["demonstrations"],
                            "updates": sum(h["updates"] for h in sft), "calls": len(sft),
-                           "stopped": sft[-1]["stopped"], "nll_last": sft[-1]["nll_last"]} if sft else {},
+                           "stopped": sft[-1]["stopped"], "nll_last": sft[-1]["nll_last"],
+                           "longest_update_s": max(h["longest_update_s"] for h in sft)} if sft else {},
              "comparisons": {k: compare(rows["imitation"], rows[k], 0.0) for k in ("base", "warm_start")
                              if k in rows and "imitation" in rows}}
     if rl is not None and "imitation" in rows:

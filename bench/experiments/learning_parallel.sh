@@ -10,6 +10,10 @@
 # On the GPU box, from the repo root, after .dev/gpu/setup.sh (bench/RESULTS.md):
 #   bash bench/experiments/learning_parallel.sh DEADLINE_S RUN [RUN ...]
 #   RUN = name:config:seed[:FIELD=VALUE,FIELD=VALUE...]
+#   A RUN named <name>-imitation is run <name>'s imitation baseline (issue 40, learning_proof.py --baseline
+#   imitation; give it the same config, seed and FIELD=VALUEs): it starts from the warm start run <name> forks
+#   into $LP_RUNS/<name>-imitation, so a call skips it until that fork exists, and it spends --train-budget-s
+#   on supervised updates instead of GRPO steps.
 #   e.g. bash bench/experiments/learning_parallel.sh 540 smollm2-seed0:bench/experiments/learning/smollm2.yaml:0 \
 #          smollm2-fp16-seed0:bench/experiments/learning/smollm2.yaml:0:train.precision=fp16
 # Each call pauses its runs at the deadline (learning_proof.py --pause) and the next call resumes
@@ -46,11 +50,18 @@ for spec in "$@"; do
   dir=$RUNS/$name
   if [ -f "$dir/proof.json" ]; then echo "$name: finished"; continue; fi
   resume=(); [ -f "$dir/state.json" ] && resume=(--resume)
+  mode=()
+  if [[ $name == *-imitation ]]; then  # run <name>'s imitation baseline, from the warm start that run forked
+    mode=(--baseline imitation)
+    if [ ! -f "$dir/state.json" ] && [ -f "$RUNS/${name%-imitation}/state.json" ]; then
+      echo "$name: waiting for ${name%-imitation}'s warm start (its fork, $dir)"; continue
+    fi
+  fi
   n=$(ls "$LOGS" | grep -c "^$name-[0-9]*\.log$") || true
   log=$LOGS/$name-$((n + 1)).log
   python3 bench/experiments/learning_proof.py --config "$config" --seed "$seed" --out "$dir" --deadline-s "$deadline" \
     ${LP_PAUSE---pause} "${resume[@]}" --target-base 0.15 --target-warm-start 0.05 --train-budget-s 900 \
-    --results "$RESULTS" ${LP_ARGS:-} --set ${sets//,/ } >"$log" 2>&1 &
+    --results "$RESULTS" "${mode[@]}" ${LP_ARGS:-} --set ${sets//,/ } >"$log" 2>&1 &
   pids+=($!)
   echo "$name: started (pid $!, ${resume[*]:-new}), log $log"
   sleep 3  # staggered: each run picks a free port for its server

@@ -26,6 +26,14 @@ The `Proof` callback times the run's parts (timings-call<n>.json, one per call) 
 ends, writes proof.json and proof.md beside the pipeline's report.md / eval_*.jsonl / metrics.jsonl:
 the gaps final-base and final-warm_start with their standard errors, both unpaired (two proportions)
 and paired (per-scenario differences on the same scenarios), against the targets.
+
+Issue 40's imitation baseline (bench/experiments/imitation_baseline.py): a GRPO run forks its committed warm
+start to `<out>-imitation`; the same command with `--baseline imitation` (and `--out <out>-imitation`, the
+default with `--seed`) continues that checkpoint with supervised epochs on every training demonstration for
+`--train-budget-s` (or `--imitation-s`) seconds of updates, evaluates it as "imitation", and compares it with
+base, warm start and, once the GRPO run has its final evaluation, RL-trained (paired s.e.):
+
+    python bench/experiments/learning_proof.py --config C --seed K --deadline-s 560 --pause --baseline imitation
 """
 
 from __future__ import annotations
