@@ -348,5 +348,26 @@ def test_learning_parallel_holds_an_imitation_run_until_its_grpo_run_forks_the_w
     (tmp_path / "runs" / "a").mkdir(parents=True)
     (tmp_path / "runs" / "a" / "state.json").write_text('{"step": 0, "phase": "base_done"}')
     out = parallel(tmp_path, tokenizer_dir, 60, f"a-imitation:{CONFIG}:0")
-    assert "a-imitation: waiting for a's warm start" in out.stdout, out.stdout[-1000:] + out.stderr[-1000:]
+    assert "a-imitation: waiting for a's warm start (its fork" in out.stdout, out.stdout[-1000:] + out.stderr[-1000:]
+    assert "a is not running in this call: skipped" in out.stdout
     assert not (tmp_path / "runs" / "a-imitation").exists() and not list((tmp_path / "runs" / "logs").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_learning_parallel_starts_an_imitation_run_once_its_grpo_run_forks_the_warm_start(tmp_path, tokenizer_dir):
+    sets = ",".join([*SMALL.split(","), "train.steps=2", "train.eval_every=0", "reward.audit_max_success=1.0",
+                     f"scenarios={small_scenarios(tmp_path / 'small.jsonl')}", "train.warm_start_batch_size=1",
+                     "rollout.max_result_chars=400"])
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path), "LP_PAUSE": "", "TQDM_DISABLE": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LP_RUNS": str(tmp_path / "runs"),
+           "LP_ARGS": f"--random-weights {tokenizer_dir} --random-shape tiny --imitation-s 6"}
+    out = subprocess.run(["bash", f"{EXP}/learning_parallel.sh", "300", f"a:{CONFIG}:0:{sets}",
+                          f"a-imitation:{CONFIG}:0:{sets}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=380)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "a-imitation: waiting for a's warm start (its fork" in out.stdout
+    assert "--resume --baseline imitation" in out.stdout  # started on the fork
+    proof = json.loads((tmp_path / "runs" / "results" / "a-imitation" / "proof.json").read_text())
+    assert proof["warm_start_source"] == str(tmp_path / "runs" / "a") and proof["imitation"]["stopped"] == "budget"
+    assert (tmp_path / "runs" / "results" / "a" / "proof.json").is_file()

@@ -167,8 +167,11 @@ def started_at_warm_start(rl_dir: Path, out: Path) -> str | None:
     forked its warm start yet (a second warm start would not be the same one)."""
     if (out / "state.json").exists() or not (rl_dir / "state.json").exists():
         return None
-    return (f"{rl_dir} has not committed its warm start yet (no {out.name}): run the imitation baseline once "
-            f"its GRPO run is past the warm start, so both start from the same checkpoint")
+    if json.loads((rl_dir / "state.json").read_text()).get("phase") in ("new", "base_done"):
+        return (f"{rl_dir} has not committed its warm start yet (no {out.name}): run the imitation baseline once "
+                f"its GRPO run is past the warm start, so both start from the same checkpoint")
+    return (f"{rl_dir} is past its warm start but its fork {out.name} is missing (left on another machine?): "
+            "bring that folder here, or give an --rl-run with no folder for a warm start of its own")
 
 
 __all__ = ["ForkImitation", "fork_dir", "imitation_tables", "run_imitation", "read_rows", "stop_at", "started_at_warm_start"]
