@@ -6,8 +6,7 @@
     base = await run.evaluate("base", server, test)     # step 0 only; a re-run loads the saved result
     await run.warm_start(server, train)                  # once per run
     await run.train(server, train, val, test)            # from the recorded step to cfg.train.steps
-    # or, the imitation baseline (issue 40): SFT on all training demonstrations for 900 s instead
-    await run.imitate(server, train, 900)
+    await run.imitate(server, train, 900)                # or, instead: SFT on all demonstrations for 900 s
     trained = await run.evaluate("trained", server, test)
     run.report()
 
