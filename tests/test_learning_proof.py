@@ -254,3 +254,120 @@ def test_the_rehearsals_trainer_is_what_config_json_records(tokenizer_dir, chang
     assert (policy.max_batch, policy.batch_wait_s, policy.batch_gap_s) == (192, 0.3, None) == (
         cfg.policy_batch, cfg.policy_batch_wait_s, cfg.policy_batch_gap_s)
     assert trainer.model.get_base_model().is_gradient_checkpointing is checkpointing is cfg.train.gradient_checkpointing
+
+
+def small_scenarios(path, train=12, test=4, val=2):
+    """A slice of the company tasks: a rehearsal plays every training demonstration, so few of them."""
+    from mcp_rl.tasks.scenarios import load_scenarios, save_scenarios
+
+    want, out = {"train": train, "test": test, "val": val}, []
+    for s in load_scenarios(ROOT / "data" / "scenarios.jsonl"):
+        if want.get(s.split, 0) > 0:
+            want[s.split] -= 1
+            out.append(s)
+    save_scenarios(path, out)
+    return path
+
+
+@pytest.mark.timeout(400)
+def test_the_imitation_baseline_continues_the_grpo_runs_warm_start_for_the_budget(tmp_path, tokenizer_dir):
+    """Issue 40 item 2 rehearsed: a GRPO run forks its warm start; `--baseline imitation` continues that very
+    checkpoint with SFT on all the training demonstrations for the budget, evaluates it as "imitation", and
+    compares it with base, warm start and the GRPO run's trained policy (paired, on the same scenarios)."""
+    scenarios = small_scenarios(tmp_path / "small.jsonl")
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    common = [f"{EXP}/learning_proof.py", "--config", CONFIG, "--seed", "0", "--random-weights", str(tokenizer_dir),
+              "--random-shape", "tiny", "--deadline-s", "0", "--train-budget-s", "0", "--set", *SMALL.split(","),
+              "train.steps=2", "train.eval_every=0", f"scenarios={scenarios}",
+              "reward.audit_max_success=1.0",  # 12 tasks are too few to balance: the audit is not what is tested
+              "train.warm_start_batch_size=1", "rollout.max_result_chars=400"]  # short updates: several fit the budget
+    rl, imitation = tmp_path / "rl", tmp_path / "rl-imitation"
+    grpo = subprocess.run([sys.executable, *common, "--out", str(rl)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=200)
+    assert grpo.returncode == 0, grpo.stdout[-2000:] + grpo.stderr[-2000:]
+    forked = json.loads((imitation / "state.json").read_text())
+    assert (forked["step"], forked["phase"], forked["evals"]) == (0, "training", {"base": 0, "warm_start": 0})
+    assert (imitation / "checkpoints" / "step-0000" / "manifest.json").is_file()
+    budget = 10.0
+    out = subprocess.run([sys.executable, *common, "--out", str(imitation), "--baseline", "imitation",
+                          "--imitation-s", str(budget)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "base: evaluated at step 0 of this run" in out.stdout  # the GRPO run's, not evaluated again
+    proof = json.loads((imitation / "proof.json").read_text())
+    sft, warm = proof["imitation"], proof["warm_start"]
+    assert proof["baseline"] == "imitation" and proof["warm_start_source"] == str(rl)
+    assert (imitation / "eval_imitation.jsonl").is_file() and set(proof["comparisons"]) == {"base", "warm_start"}
+    spent, longest = sft["sft_seconds"], sft["longest_update_s"]
+    assert sft["stopped"] == "budget" and budget - longest < spent <= budget  # stopped when one more would not fit
+    assert sft["demonstrations"] > warm["demonstrations"] == 4  # all 12 training tasks, not the warm start's 4
+    assert warm == json.loads((rl / "proof.json").read_text())["warm_start"]  # the GRPO run's own warm start
+    c = proof["rl_vs_imitation"]
+    assert c["n"] == 4 and c["target_gap"] == 0.03 and c["se_paired"] == c["se_paired"]  # paired, not NaN
+    assert "| RL-trained vs imitation | 4 |" in (imitation / "proof.md").read_text()
+    assert (rl / "eval_warm_start.jsonl").read_bytes() == (imitation / "eval_warm_start.jsonl").read_bytes()
+
+
+def test_an_imitation_run_waits_for_its_grpo_runs_warm_start(tmp_path, tokenizer_dir):
+    """Started beside a GRPO run that has not forked its warm start, the imitation baseline would warm up a
+    second time (not the same checkpoint): it refuses in one line, before any model loads."""
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "state.json").write_text('{"step": 0, "phase": "base_done"}')
+    out = subprocess.run([sys.executable, f"{EXP}/learning_proof.py", "--config", CONFIG, "--out",
+                          str(tmp_path / "rl-imitation"), "--baseline", "imitation"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "has not committed its warm start yet" in out.stderr
+    assert not (tmp_path / "rl-imitation").exists()
+
+
+def test_the_imitation_phase_spends_its_budget_and_resumes_at_the_next_batch():
+    from mcp_rl.runs.imitation import epoch_order, sft_for_budget
+
+    class Trainer:  # each update takes 1 s of the fake clock
+        def __init__(self):
+            self.seen = []
+
+        def sft_step(self, batch, learning_rate):
+            self.seen.append(batch)
+            now[0] += 1.0
+            return {"nll": 1.0}
+
+    now, trainer = [0.0], Trainer()
+    demos = list(range(5))  # batches of 2: 3 a epoch
+    first = sft_for_budget(trainer, demos, budget_s=10, learning_rate=1e-4, batch_size=2, seed=0,
+                           stop_at=4.0, clock=lambda: now[0])
+    assert (first["updates"], first["stopped"], first["epoch"], first["batch"]) == (4, "deadline", 1, 1)
+    rest = sft_for_budget(trainer, demos, budget_s=10, learning_rate=1e-4, batch_size=2, seed=0, position=first,
+                          clock=lambda: now[0])
+    assert (rest["updates"], rest["seconds"], rest["stopped"]) == (6, 10.0, "budget")
+    order = epoch_order(5, 0, 1)
+    assert trainer.seen[4] == [order[2], order[3]]  # epoch 1's second batch: none repeated, none skipped
+    assert sorted(x for b in trainer.seen[:3] for x in b) == demos  # an epoch visits every demonstration once
+
+
+def test_learning_parallel_holds_an_imitation_run_until_its_grpo_run_forks_the_warm_start(tmp_path, tokenizer_dir):
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "state.json").write_text('{"step": 0, "phase": "base_done"}')
+    out = parallel(tmp_path, tokenizer_dir, 60, f"a-imitation:{CONFIG}:0")
+    assert "a-imitation: waiting for a's warm start (its fork" in out.stdout, out.stdout[-1000:] + out.stderr[-1000:]
+    assert "a is not running in this call: skipped" in out.stdout
+    assert not (tmp_path / "runs" / "a-imitation").exists() and not list((tmp_path / "runs" / "logs").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_learning_parallel_starts_an_imitation_run_once_its_grpo_run_forks_the_warm_start(tmp_path, tokenizer_dir):
+    sets = ",".join([*SMALL.split(","), "train.steps=2", "train.eval_every=0", "reward.audit_max_success=1.0",
+                     f"scenarios={small_scenarios(tmp_path / 'small.jsonl')}", "train.warm_start_batch_size=1",
+                     "rollout.max_result_chars=400"])
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path), "LP_PAUSE": "", "TQDM_DISABLE": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LP_RUNS": str(tmp_path / "runs"),
+           "LP_ARGS": f"--random-weights {tokenizer_dir} --random-shape tiny --imitation-s 6"}
+    out = subprocess.run(["bash", f"{EXP}/learning_parallel.sh", "300", f"a:{CONFIG}:0:{sets}",
+                          f"a-imitation:{CONFIG}:0:{sets}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=380)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "a-imitation: waiting for a's warm start (its fork" in out.stdout
+    assert "--resume --baseline imitation" in out.stdout  # started on the fork
+    proof = json.loads((tmp_path / "runs" / "results" / "a-imitation" / "proof.json").read_text())
+    assert proof["warm_start_source"] == str(tmp_path / "runs" / "a") and proof["imitation"]["stopped"] == "budget"
+    assert (tmp_path / "runs" / "results" / "a" / "proof.json").is_file()

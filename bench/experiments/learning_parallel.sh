@@ -10,6 +10,11 @@
 # On the GPU box, from the repo root, after .dev/gpu/setup.sh (bench/RESULTS.md):
 #   bash bench/experiments/learning_parallel.sh DEADLINE_S RUN [RUN ...]
 #   RUN = name:config:seed[:FIELD=VALUE,FIELD=VALUE...]
+#   A RUN named <name>-imitation is run <name>'s imitation baseline (issue 40, learning_proof.py --baseline
+#   imitation; give it the same config, seed and FIELD=VALUEs, after <name>'s spec): it starts from the warm start
+#   run <name> forks into $LP_RUNS/<name>-imitation, so where that fork is not there yet it waits for it while
+#   <name> runs in the same call (then gets what is left of the deadline), and it spends --train-budget-s on
+#   supervised updates instead of GRPO steps.
 #   e.g. bash bench/experiments/learning_parallel.sh 540 smollm2-seed0:bench/experiments/learning/smollm2.yaml:0 \
 #          smollm2-fp16-seed0:bench/experiments/learning/smollm2.yaml:0:train.precision=fp16
 # Each call pauses its runs at the deadline (learning_proof.py --pause) and the next call resumes
@@ -40,19 +45,50 @@ LOGS=$RUNS/logs RESULTS=$RUNS/results
 mkdir -p "$OUT" "$LOGS" "$RESULTS"
 # The company database once, before the runs' servers start (they would otherwise race to build it).
 python3 -c "import mcp_server; mcp_server.CompanyDB()._ensure()"
+launch() {  # name config seed sets deadline_s [learning_proof.py arguments...]: one run, in the background
+  local name=$1 config=$2 seed=$3 sets=$4 left=$5; shift 5
+  local n; n=$(ls "$LOGS" | grep -c "^$name-[0-9]*\.log$") || true
+  local log=$LOGS/$name-$((n + 1)).log
+  python3 bench/experiments/learning_proof.py --config "$config" --seed "$seed" --out "$RUNS/$name" --deadline-s "$left" \
+    ${LP_PAUSE---pause} "$@" --target-base 0.15 --target-warm-start 0.05 --train-budget-s 900 \
+    --results "$RESULTS" ${LP_ARGS:-} --set ${sets//,/ } >"$log" 2>&1 &
+  launched=$!
+  echo "$name: started (pid $launched, ${*:-new}), log $log"
+}
 pids=()
+declare -A started=()
 for spec in "$@"; do
   IFS=: read -r name config seed sets <<<"$spec"
   dir=$RUNS/$name
   if [ -f "$dir/proof.json" ]; then echo "$name: finished"; continue; fi
   resume=(); [ -f "$dir/state.json" ] && resume=(--resume)
-  n=$(ls "$LOGS" | grep -c "^$name-[0-9]*\.log$") || true
-  log=$LOGS/$name-$((n + 1)).log
-  python3 bench/experiments/learning_proof.py --config "$config" --seed "$seed" --out "$dir" --deadline-s "$deadline" \
-    ${LP_PAUSE---pause} "${resume[@]}" --target-base 0.15 --target-warm-start 0.05 --train-budget-s 900 \
-    --results "$RESULTS" ${LP_ARGS:-} --set ${sets//,/ } >"$log" 2>&1 &
-  pids+=($!)
-  echo "$name: started (pid $!, ${resume[*]:-new}), log $log"
+  if [[ $name == *-imitation ]]; then  # run <name>'s imitation baseline, from the warm start that run forked
+    rl=${name%-imitation}
+    if [ ! -f "$dir/state.json" ] && { [ -n "${started[$rl]:-}" ] || [ -f "$RUNS/$rl/state.json" ]; }; then
+      if [ -z "${started[$rl]:-}" ]; then
+        echo "$name: waiting for $rl's warm start (its fork, $dir), and $rl is not running in this call: skipped"
+        continue
+      fi
+      echo "$name: waiting for $rl's warm start (its fork, $dir)"
+      (  # starts once the fork is there, with what is left of the deadline; gives up if $rl ends first
+        t0=$SECONDS
+        while [ ! -f "$dir/state.json" ]; do
+          kill -0 "${started[$rl]}" 2>/dev/null || { echo "$name: $rl ended without a fork: not started"; exit 0; }
+          [ $((SECONDS - t0 + 60)) -lt "$deadline" ] || { echo "$name: no fork before the deadline: not started"; exit 0; }
+          sleep 5
+        done
+        launch "$name" "$config" "$seed" "$sets" $((deadline - (SECONDS - t0))) --resume --baseline imitation
+        wait "$launched"
+      ) &
+      pids+=($!)
+      continue
+    fi
+    launch "$name" "$config" "$seed" "$sets" "$deadline" "${resume[@]}" --baseline imitation
+  else
+    launch "$name" "$config" "$seed" "$sets" "$deadline" "${resume[@]}"
+  fi
+  pids+=("$launched")
+  started[$name]=$launched
   sleep 3  # staggered: each run picks a free port for its server
 done
 status=0

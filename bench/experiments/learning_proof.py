@@ -26,6 +26,14 @@ The `Proof` callback times the run's parts (timings-call<n>.json, one per call) 
 ends, writes proof.json and proof.md beside the pipeline's report.md / eval_*.jsonl / metrics.jsonl:
 the gaps final-base and final-warm_start with their standard errors, both unpaired (two proportions)
 and paired (per-scenario differences on the same scenarios), against the targets.
+
+Issue 40's imitation baseline (bench/experiments/imitation_baseline.py): a GRPO run forks its committed warm
+start to `<out>-imitation`; the same command with `--baseline imitation` (and `--out <out>-imitation`, the
+default with `--seed`) continues that checkpoint with supervised epochs on every training demonstration for
+`--train-budget-s` (or `--imitation-s`) seconds of updates, evaluates it as "imitation", and compares it with
+base, warm start and, once the GRPO run has its final evaluation, RL-trained (paired s.e.):
+
+    python bench/experiments/learning_proof.py --config C --seed K --deadline-s 560 --pause --baseline imitation
 """
 
 from __future__ import annotations
@@ -40,13 +48,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, Path(__file__).resolve().parent):  # the package, and imitation_baseline beside this file
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from mcp_rl.scale import distributed  # noqa: E402  (runs is imported in main: it brings ART, and ART transformers)
 from mcp_rl.runs.callbacks import STARTED, TrainerCallback  # noqa: E402  (STARTED: train.deadline_s counts from here)
 from mcp_rl.runs.config import apply_overrides, load_config  # noqa: E402
 from mcp_rl.tasks.scenarios import load_scenarios, save_scenarios  # noqa: E402
+
+from imitation_baseline import ForkImitation, fork_dir, run_imitation, started_at_warm_start  # noqa: E402
 
 # SmolLM2-135M's shape (from its GGUF), for the random-weights dress rehearsal only.
 SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -124,12 +135,29 @@ class Proof(TrainerCallback):
         if calls:  # one run over several calls: keep each call's timings, and every evaluation's
             parts = [json.loads(c.read_text()) for c in calls] + [timings]
             timings = {"calls": parts, "eval_s": {k: v for t in parts for k, v in t.get("eval_s", {}).items()}}
-        proof = proof_tables(run.dir, timings, run.state.history, self.targets)
+        proof = self.tables(run, timings)
         run.write("proof.json", {k: v for k, v in proof.items() if k != "png"})
         run.write("proof.md", proof["table"] + "\n")
         if proof.get("png"):
             run.write("curve.png", proof["png"])
         self.proof = proof
+
+    def tables(self, run, timings: dict) -> dict:
+        return proof_tables(run.dir, timings, run.state.history, self.targets)
+
+
+class ImitationProof(Proof):
+    """`Proof` for `--baseline imitation`: imitation vs base and warm start, and RL-trained vs imitation where
+    the GRPO run's final evaluation is in one of `rl_dirs` (bench/experiments/imitation_baseline.py)."""
+
+    def __init__(self, rl_dirs: list[Path], **extra):
+        super().__init__({}, **extra)
+        self.rl_dirs = rl_dirs
+
+    def tables(self, run, timings: dict) -> dict:
+        from imitation_baseline import imitation_tables
+
+        return imitation_tables(run.dir, self.rl_dirs, timings, run.state.history, compare)
 
 
 def compare(final: list[dict], other: list[dict], min_gap: float) -> dict:
@@ -306,9 +334,17 @@ def main(argv: list[str] | None = None) -> int:
                     "checkpoints) to DIR/<run folder name>, e.g. bench/results/learning")
     ap.add_argument("--target-base", type=float, default=TARGETS["base"], help="gap over base to meet")
     ap.add_argument("--target-warm-start", type=float, default=TARGETS["warm_start"], help="gap over the warm start")
+    ap.add_argument("--baseline", choices=("grpo", "imitation"), default="grpo", help="imitation: issue 40's "
+                    "baseline instead of GRPO steps, in <GRPO run>-imitation (bench/experiments/imitation_baseline.py)")
+    ap.add_argument("--imitation-s", type=float, default=0.0, help="--baseline imitation: seconds of supervised "
+                    "updates (0: train.train_budget_s, the GRPO phase's budget)")
+    ap.add_argument("--rl-run", default=None, metavar="DIR", help="--baseline imitation: the GRPO run whose warm "
+                    "start it continues (default: --out without its -imitation suffix)")
     args = ap.parse_args(argv)
+    imitation = args.baseline == "imitation"
     cfg = load_config(args.config)
-    out = args.out or (str(ROOT / "runs" / "learning" / f"{Path(args.config).stem}-seed{args.seed}")
+    suffix = "-imitation" if imitation else ""
+    out = args.out or (str(ROOT / "runs" / "learning" / f"{Path(args.config).stem}-seed{args.seed}{suffix}")
                        if args.seed is not None else None)
     # --set comes after the flags' fields, so its own value of one wins; --out last of all
     cfg = apply_overrides(cfg, [*([f"train.seed={args.seed}"] if args.seed is not None else []),
@@ -317,7 +353,18 @@ def main(argv: list[str] | None = None) -> int:
                                 f"train.pause_at_deadline={str(args.pause).lower()}", *args.set,
                                 *([f"out={args.out}"] if args.out else [])])
     run_dir = Path(cfg.out)
-    derived = run_dir.with_name(run_dir.name + ".scenarios.jsonl")
+    rl_dir = run_dir
+    if imitation:
+        if not args.rl_run and not run_dir.name.endswith(suffix):
+            ap.error(f"--baseline imitation: --out {str(run_dir)[-60:]!r} does not end in -imitation: name the GRPO "
+                     "run whose warm start it continues with --rl-run")
+        rl_dir = Path(args.rl_run) if args.rl_run else run_dir.with_name(run_dir.name[: -len(suffix)])
+        budget = args.imitation_s or cfg.train.train_budget_s
+        if budget <= 0:
+            ap.error("--baseline imitation needs a budget: --imitation-s SECONDS or --train-budget-s SECONDS")
+        if why := started_at_warm_start(rl_dir, run_dir):
+            ap.error(why)
+    derived = rl_dir.with_name(rl_dir.name + ".scenarios.jsonl")  # the GRPO run's: config.json records the path
     counts = heldout_file(cfg.scenarios, derived)
     cfg = apply_overrides(cfg, [f"scenarios={derived}"])
     print(f"held-out file {derived}: {counts} (val relabelled test)", flush=True)
@@ -338,14 +385,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.random_weights:
         torch.manual_seed(cfg.train.seed)
         trainer = parts.build_trainer(cfg, model=random_model(args.random_weights, args.random_shape))
-    proof = Proof({"base": args.target_base, "warm_start": args.target_warm_start},
-                  **({"random_weights": f"{args.random_shape} with {args.random_weights}"} if args.random_weights else {}))
-    result = asyncio.run(runs.run(cfg, resume=args.resume, trainer=trainer, callbacks=[proof]))
+    rehearsal = {"random_weights": f"{args.random_shape} with {args.random_weights}"} if args.random_weights else {}
+    if imitation:
+        rl_dirs = [rl_dir, *([Path(args.results) / rl_dir.name] if args.results else [])]
+        proof = ImitationProof(rl_dirs, **rehearsal)
+        result = asyncio.run(run_imitation(cfg, budget_s=budget, pause=args.pause, trainer=trainer, callbacks=[proof],
+                                           resume=args.resume or (run_dir / "forked_from.json").exists(),
+                                           evals=proof.timings.setdefault("eval_s", {})))
+    else:
+        proof = Proof({"base": args.target_base, "warm_start": args.target_warm_start}, **rehearsal)
+        result = asyncio.run(runs.run(cfg, resume=args.resume, trainer=trainer,
+                                      callbacks=[proof, ForkImitation(fork_dir(run_dir))]))
     if "paused" in result:
         return 0
     if args.results and distributed.is_main():  # outside the run folder: rank 0 copies what it wrote
         copy_results(run_dir, Path(args.results) / run_dir.name)
-    for r in (result.get("base"), result.get("warm_start"), result.get("trained")):
+    for r in (result.get("base"), result.get("warm_start"), result.get("imitation"), result.get("trained")):
         if r is not None:
             print(r.line())
     print(proof.proof["table"], flush=True)

@@ -108,24 +108,33 @@ async def audit_before_training(server, train, cfg: Config, run_dir: Path | None
     return report
 
 
-async def warm_start(trainer: Trainer, server, train, cfg: Config, env: Environment | None = None) -> dict:
-    """Supervised pass on the environment's demonstrations of the first `warm_start_scenarios` training
-    scenarios, each played through the real server (so tool outputs are real)."""
-    env, demos_for = _env(cfg, env), train[: cfg.train.warm_start_scenarios]
-    demo_policy = env.demonstrations(demos_for, tokenizer=trainer.policy.tokenizer)
+async def play_demonstrations(trainer: Trainer, server, scenarios, cfg: Config, env: Environment | None = None,
+                              phase: str = "warm start") -> list:
+    """The environment's demonstrations of `scenarios`, each played through the real server (so tool outputs
+    are real): the completed ones, as trajectories to imitate (the warm start's, the imitation baseline's)."""
+    env = _env(cfg, env)
+    demo_policy = env.demonstrations(scenarios, tokenizer=trainer.policy.tokenizer)
     if demo_policy is None:
         raise ValueError(f"environment {env.name[:60]!r} has no demonstrations (Environment.plan): set "
                          "train.warm_start_scenarios=0, or give the environment a plan")
     with log_tool_calls(phase="demonstrations"):  # each rank plays its share; every rank gets them all
-        groups = distributed.unshard_groups(await gather_rollouts(demo_policy, server, distributed.shard(demos_for),
+        groups = distributed.unshard_groups(await gather_rollouts(demo_policy, server, distributed.shard(scenarios),
                                                            rollout_config(cfg), desc="demonstrations"), "demonstrations")
     demos = [t for g in groups for t in g.trajectories if t.metrics.get("completed") and not t.metrics.get("fatal")]
-    _log(f"warm start | {len(demos)}/{len(demos_for)} demonstrations completed through the server")
+    _log(f"{phase} | {len(demos)}/{len(scenarios)} demonstrations completed through the server")
     if not demos:
         reasons = {t.metadata.get("fatal_reason") or f"not completed in {t.metrics.get('turns')} turns"
                    for g in groups for t in g.trajectories}
         raise ValueError(f"no demonstration completed ({'; '.join(sorted(reasons))[:300]}); a demonstration needs "
                          f"about 5 turns (rollout.max_turns is {cfg.rollout.max_turns})")
+    return demos
+
+
+async def warm_start(trainer: Trainer, server, train, cfg: Config, env: Environment | None = None) -> dict:
+    """Supervised pass on the environment's demonstrations of the first `warm_start_scenarios` training
+    scenarios, each played through the real server (so tool outputs are real)."""
+    env = _env(cfg, env)
+    demos = await play_demonstrations(trainer, server, train[: cfg.train.warm_start_scenarios], cfg, env)
     t = cfg.train
     metrics = trainer.warm_start(demos, epochs=t.warm_start_epochs, learning_rate=t.warm_start_lr,
                                  batch_size=t.warm_start_batch_size)
@@ -249,5 +258,5 @@ async def train_step(trainer: Trainer, server, batch, cfg: Config, step: int, en
     return rec
 
 
-__all__ = ["load_splits", "audit_before_training", "evaluate_policy", "warm_start", "warm_start_gate", "gate_scenarios",
+__all__ = ["load_splits", "audit_before_training", "evaluate_policy", "play_demonstrations", "warm_start", "warm_start_gate", "gate_scenarios",
            "train_step", "step_batch", "periodic_scenarios"]

@@ -6,6 +6,7 @@
     base = await run.evaluate("base", server, test)     # step 0 only; a re-run loads the saved result
     await run.warm_start(server, train)                  # once per run
     await run.train(server, train, val, test)            # from the recorded step to cfg.train.steps
+    await run.imitate(server, train, 900)                # or, instead: SFT on all demonstrations for 900 s
     trained = await run.evaluate("trained", server, test)
     run.report()
 
@@ -143,6 +144,49 @@ class Run(RunFolder):
         finally:
             self.callbacks.remove(curve)
         return self.state
+
+    async def imitate(self, server, train, budget_s: float, *, stop_at: float | None = None) -> dict:
+        """The imitation baseline, instead of GRPO steps (issue 40): after the warm start, supervised epochs
+        on the demonstrations of the whole training split for `budget_s` seconds of updates
+        (`mcp_rl.runs.imitation`), stopping before `stop_at` (a time.monotonic() time) if that comes first.
+        Each call commits its share as a history entry (phase "imitation") and a checkpoint; `state.step`
+        counts these calls in such a run, which takes no GRPO step. A later call goes on where the last one
+        stopped (a fresh AdamW: the SFT moments are not checkpointed); once the budget is spent, it returns
+        the last entry."""
+        from mcp_rl.runs.imitation import sft_for_budget
+
+        trainer, cfg, history = self._need_trainer(), self.cfg, self.state.history
+        if self.state.phase == "new":
+            raise ValueError("evaluate the base model first (`await run.evaluate('base', ...)`)")
+        if any("reward_mean" in h for h in history):
+            raise ValueError(f"{self.dir} has taken GRPO steps: the imitation baseline starts from a warm start, "
+                             "in a run folder of its own")
+        if self.state.phase == "base_done":
+            await self.warm_start(server, train)
+        done = [h for h in history if h.get("phase") == "imitation"]
+        if done and abs(done[-1]["budget_s"] - budget_s) > 1e-6:
+            raise ValueError(f"{self.dir} spends {done[-1]['budget_s']:g} s on imitation, not {budget_s:g} s: "
+                             "pass the recorded budget, or start a new run")
+        if done and done[-1]["stopped"] == "budget":
+            print(f"imitation: done in this run ({done[-1]['seconds']:.0f} of {budget_s:.0f} s)")
+            return done[-1]
+        train, t, t0 = self._pin_train(train), cfg.train, time.monotonic()
+        with log_tool_calls(self._tool_log):
+            demos = await pipeline.play_demonstrations(trainer, server, train, cfg, self.env, phase="imitation")
+        play_s = time.monotonic() - t0
+        self._at(None)  # until the commit below: stopped midway, this trainer is at no recorded step
+        rec = sft_for_budget(trainer, demos, budget_s=budget_s, learning_rate=t.warm_start_lr,
+                             batch_size=t.warm_start_batch_size, seed=t.seed, position=done[-1] if done else None,
+                             stop_at=stop_at)
+        self.state.step += 1
+        rec = {"step": self.step, "phase": "imitation", "budget_s": budget_s, "demonstrations": len(demos),
+               "play_seconds": round(play_s, 1), **rec}
+        history.append(rec)
+        self._checkpoint(trainer)
+        self._at(self.step)
+        print(f"imitation | {rec['updates']} updates on {len(demos)} demonstrations, {rec['epochs_done']:.2f} epochs "
+              f"| {rec['seconds']:.0f} of {budget_s:.0f} s | stopped at the {rec['stopped']}", flush=True)
+        return rec
 
     async def _step(self, trainer, server, train) -> None:
         cfg, step = self.cfg, self.step
