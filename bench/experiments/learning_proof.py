@@ -65,6 +65,12 @@ SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=
                      rms_norm_eps=1e-5, tie_word_embeddings=True)
 TINY_SHAPE = dict(SMOLLM2_SHAPE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2)  # CPU tests of this script
+# Qwen2.5-3B-Instruct's shape (bench/speed/bench_step.py's T4-shaped step), with the given tokenizer's vocabulary:
+# no Qwen tokenizer can be had here, so the embedding and head are 49k rows, not 152k (0.4 GiB less in float16).
+QWEN3B_SHAPE = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True)
+SHAPES = {"smollm2": SMOLLM2_SHAPE, "tiny": TINY_SHAPE, "qwen3b": QWEN3B_SHAPE}
 TARGETS = {"base": 0.10, "warm_start": 0.05}  # final must beat each by this much, and by > 2 s.e.
 
 
@@ -81,9 +87,10 @@ def heldout_file(src: str, dst: Path) -> dict:
     return counts
 
 
-def random_model(tokenizer_dir: str, shape: str = "smollm2"):
-    """(model, tokenizer): SmolLM2-shaped random weights (`shape` "tiny" for CPU tests) for a rehearsal that
-    tests the machinery and proves nothing; `parts.build_trainer(cfg, model=...)` builds the rest from cfg."""
+def random_model(tokenizer_dir: str, shape: str = "smollm2", dtype=None):
+    """(model, tokenizer): SmolLM2-shaped random weights (`shape` "tiny" for CPU tests, "qwen3b" for the
+    T4-shaped bench) for a rehearsal that tests the machinery and proves nothing; `parts.build_trainer(cfg,
+    model=...)` builds the rest from cfg. `dtype`: the weights' on a GPU (default bfloat16)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -92,10 +99,13 @@ def random_model(tokenizer_dir: str, shape: str = "smollm2"):
     tok = load_local_tokenizer(tokenizer_dir)
     tok.eos_token = "<|im_end|>"
     config = LlamaConfig(vocab_size=len(tok), bos_token_id=1, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.eos_token_id, **(TINY_SHAPE if shape == "tiny" else SMOLLM2_SHAPE))
+                         pad_token_id=tok.eos_token_id, **SHAPES[shape])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval(), tok
+    dtype = (dtype or torch.bfloat16) if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):  # built where it runs: a 3B model's random init on the host takes minutes
+        model = LlamaForCausalLM(config)
+    return model.to(dtype=dtype).eval(), tok
 
 
 class Proof(TrainerCallback):
@@ -325,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     "the final eval (resumable)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None,
                     help="SmolLM2-shaped random weights with this tokenizer: tests the machinery, proves nothing")
-    ap.add_argument("--random-shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
+    ap.add_argument("--random-shape", choices=("smollm2", "tiny", "qwen3b"), default="smollm2", help="shape for --random-weights")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--seed", type=int, default=None, help="train.seed; the default --out becomes "

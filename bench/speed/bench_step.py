@@ -25,6 +25,15 @@ batches, so their tokens are not compared).
         --out bench/results/step_bench_smollm2_h100.txt
     python bench/speed/bench_step.py --random-weights TOKENIZER_DIR --shape tiny --steps 1 \
         --set rollout.concurrency=8 train.groups_per_step=2 train.group_size=2 rollout.max_tokens=16   # CPU check
+
+The T4-shaped step (issue [speed] item 4: Qwen2.5-3B's shape, float16, a 15 GiB cap; random weights, so the
+SmolLM2 tokenizer's vocabulary and no learning; `--jitter-rewards` gives the groups the reward variance random
+weights never have, so the update runs on the rollouts' real tokens, for its time and memory only):
+
+    python bench/speed/bench_step.py --random-weights /tmp/tok --shape qwen3b --modes new --packed \
+        --memory-cap-gib 15 --jitter-rewards --greedy-scenarios 0 --steps 2 --set train.precision=fp16 \
+        train.gradient_checkpointing=true train.groups_per_step=4 train.group_size=6 rollout.max_turns=4 \
+        rollout.concurrency=24 policy_batch=24 --out bench/results/step_bench_t4shape_<device>.txt
 """
 
 from __future__ import annotations
@@ -73,27 +82,50 @@ def tokens_of(groups) -> list[list[int]]:
     return out
 
 
+def jitter_rewards(seed: int) -> None:
+    """Random weights give every rollout of a group the same reward, so no group would be trained on: add a
+    tiny seeded noise to each reward (for time and memory only, never for learning)."""
+    import random
+
+    rng, score = random.Random(seed), pipeline.score_group
+
+    async def jittered(group, *args, **kwargs):
+        group = await score(group, *args, **kwargs)
+        for t in group.trajectories:
+            t.reward += rng.uniform(0, 1e-3)
+        return group
+
+    pipeline.score_group = jittered
+
+
 async def bench(args) -> list[dict]:
     import torch
 
     cfg = apply_overrides(load_config(args.config), args.set)
+    if args.memory_cap_gib and torch.cuda.is_available():  # as small as the card being modelled (a T4: 15 GiB)
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total))
+    if args.jitter_rewards:
+        jitter_rewards(cfg.train.seed)
     train, _, test = pipeline.load_splits(cfg)
     # learning_proof.build_trainer is gone (9e21ea1): the library's builder, the policy batch from the config
     # (smollm2.yaml: 192 wide, 0.3 s); set_mode then sets every setting under test, the KV reuse too.
     cfg.policy_batch = max(cfg.policy_batch, cfg.rollout.concurrency)
-    model = learning_proof.random_model(args.random_weights, args.shape) if args.random_weights else None
+    dtype = torch.float16 if cfg.train.precision == "fp16" else torch.bfloat16
+    model = learning_proof.random_model(args.random_weights, args.shape, dtype) if args.random_weights else None
     trainer = parts.build_trainer(cfg, model=model)
     modes = {"old": {"batch_wait_s": 0.3, "batch_gap_s": None, "micro_batch_tokens": 0, "hand_back": False,
                      "packed_gqa": False, "packed": False},
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
                      "hand_back": True, "packed_gqa": True, "packed": args.packed,
                      "reuse_prefix": args.reuse_prefix}}
+    modes = {k: v for k, v in modes.items() if k in args.modes}
     rows: list[dict] = []
     async with parts.open_server(cfg) as server:
         with tempfile.TemporaryDirectory() as tmp:
             start = Path(tmp) / "start"
             trainer.save(start)
-            if args.greedy_scenarios:
+            if args.greedy_scenarios and len(modes) == 2:
                 from mcp_rl.rollout import gather_rollouts
 
                 seen = {}
@@ -108,7 +140,7 @@ async def bench(args) -> list[dict]:
             for step in range(args.steps):
                 batch = pipeline.step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
                 order = ("old", "new") if step % 2 == 0 else ("new", "old")  # alternate: no mode always goes first
-                for name in order:
+                for name in (n for n in order if n in modes):
                     trainer.load(start)
                     set_mode(trainer, modes[name])
                     torch.manual_seed(cfg.train.seed + step)
@@ -128,7 +160,9 @@ async def bench(args) -> list[dict]:
                            if torch.cuda.is_available() else "cpu",
                            # GPU peaks (train.gpu_peaks): the rollouts' (after trainer.load) and the update's
                            "peak_rollout_gib": rec.get("gpu_peak_gib_before_update"),
-                           "peak_update_gib": rec.get("gpu_peak_gib_update")}
+                           "peak_update_gib": rec.get("gpu_peak_gib_update"),
+                           "groups_trained": rec.get("groups_trained"), "shape": args.shape if args.random_weights else None,
+                           "precision": cfg.train.precision, "memory_cap_gib": args.memory_cap_gib or None}
                     row["update_seconds"] = round(row["seconds"] - row["rollout_seconds"], 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -180,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
                     "its turns (policy_reuse_prefix, 1.5 GiB); old never does")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
-    ap.add_argument("--shape", choices=("smollm2", "tiny"), default="smollm2", help="shape for --random-weights")
+    ap.add_argument("--shape", choices=("smollm2", "tiny", "qwen3b"), default="smollm2", help="shape for --random-weights")
+    ap.add_argument("--modes", nargs="+", choices=("old", "new"), default=["old", "new"], help="modes to time")
+    ap.add_argument("--memory-cap-gib", type=float, default=0.0, help="cap this process's GPU memory (a T4: 15)")
+    ap.add_argument("--jitter-rewards", action="store_true", help="tiny random reward noise, so random weights' "
+                    "groups are trained on (time and memory only)")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--out", default=None, help="write the table here (and the rows beside it as .jsonl)")
     args = ap.parse_args(argv)
