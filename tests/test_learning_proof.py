@@ -9,6 +9,7 @@ the step checkpoint and the results folder. The company server runs over HTTP as
 
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -165,6 +166,39 @@ def test_the_summary_checks_issue_17s_targets_over_seeds(tmp_path, monkeypatch):
     (tmp_path / "s3" / "proof.json").write_text('{"steps": 17, "compar')  # half-written
     with pytest.raises(ValueError, match="s3: config.json or proof.json is not a finished run's"):
         learning_summary.report(tmp_path)
+
+
+def test_the_summary_compares_rl_with_its_equal_time_imitation_baseline(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / EXP))
+    import learning_summary
+
+    def rows(d, label, wins):  # 10 scenarios, grounded as the run scored them live
+        d.mkdir(exist_ok=True)
+        (d / f"eval_{label}.jsonl").write_text("".join(
+            json.dumps({"scenario_id": f"q{i}", "grounded": float(i < wins), "completed": True}) + "\n" for i in range(10)))
+
+    for seed, (rl, imit) in enumerate([(6, 3), (5, 3), (4, 4)]):
+        d = tmp_path / f"smollm2-v2-seed{seed}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model": "smollm2", "train": {"seed": seed}}))
+        comparisons = {"base": {"other": 0.0, "gap": rl / 10},
+                       "warm_start": {"other": 0.2, "final": rl / 10, "gap": rl / 10 - 0.2, "se_paired": 0.1}}
+        (d / "proof.json").write_text(json.dumps({"steps": 30, "comparisons": comparisons}))
+        for label, wins in (("base", 0), ("warm_start", 2), ("trained", rl)):
+            rows(d, label, wins)
+        imit_dir = tmp_path / f"smollm2-v2-seed{seed}-imitation"
+        imit_dir.mkdir()
+        (imit_dir / "config.json").write_text(json.dumps({"model": "smollm2", "train": {"seed": seed}}))
+        if seed < 2:
+            rows(imit_dir, "imitation", imit)
+    text, data = learning_summary.report(tmp_path, seeds_asked=3)
+    f = data["families"]["smollm2"]
+    assert [r["name"] for r in data["runs"]] == [f"smollm2-v2-seed{k}" for k in range(3)]  # baselines are not runs
+    assert f["imitation_seeds"] == 2 and f["mean_over_imit"] == pytest.approx(0.25)  # +30 and +20 points
+    se = math.sqrt(sum((g * (1 - g) * 10 / 9) / 10 for g in (0.3, 0.2))) / 2  # paired differences of 0/1
+    assert f["se_mean_imit"] == pytest.approx(se) and f["imit_met"]
+    assert "imitation baseline missing or unfinished: smollm2-v2-seed2" in text
+    assert "seed0: imitation 30.0%, RL - imitation +30.0" in text
 
 
 def test_proof_md_reports_the_update_sizes(tmp_path, monkeypatch):
