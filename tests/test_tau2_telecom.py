@@ -107,6 +107,7 @@ def test_the_environment_is_found_by_name_and_carries_the_solo_prompt(env):
     assert env.name == NAME and env.episode is not None and env.score is not None
     assert "<policy>" in env.system_prompt and COMPLETE_TOOL_NAME in env.system_prompt
     assert "<ticket>" not in env.system_prompt  # the ticket is the task message
+    assert "Before you change anything or transfer the user" in env.system_prompt  # the evidence rule, told
 
 
 def test_a_run_configured_from_the_environment_gets_its_prompt_tools_and_turns(env, tests):

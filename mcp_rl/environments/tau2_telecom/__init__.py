@@ -15,8 +15,8 @@ when every fault τ² planted was shown by a read before the first state-changin
 ours: τ²'s own benchmark has a user simulator do the looking, and solo mode puts no rule in its place);
 the base tasks with τ²'s train/test split (tasks.py, data/tau2_telecom.jsonl: 74 train, 40 test)
 carrying their gold actions and their diagnosis; its demonstrations (tasks.plan: diagnosis, gold
-actions, complete_task); τ²'s solo-mode system prompt. Everything τ² is imported lazily (bench.py):
-looking environments up does not need it installed.
+actions, complete_task); τ²'s solo-mode system prompt, with the rule stated. Everything τ² is
+imported lazily (bench.py): looking environments up does not need it installed.
 
 Measured (bench/checks/check_tau2.py, the 40 test tasks): demonstrations 1.0 on 40/40 (τ²'s reward
 and the rule both); nothing done 0.0; τ²'s gold actions alone (no diagnosis) 0.0 on 40/40 though τ²

@@ -8,7 +8,7 @@ up by it), its gold actions as [{"tool", "arguments"}], the calls that diagnose 
 (diagnosis.diagnosis: the customer lookup, then a read showing each fault τ² planted) and its reward basis.
 `plan(scenario)`, the environment's demonstrations, replays the diagnosis, then the gold actions, then
 complete_task: a demonstration that looks before it acts, as the score's evidence rule asks (diagnosis.py).
-`system_prompt()` is τ²'s solo-mode system prompt with our stop tool.
+`system_prompt()` is τ²'s solo-mode system prompt with our stop tool and the evidence rule stated.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from .bench import tau2
 from .diagnosis import diagnosis
 
 SPLITS = ("train", "test")  # τ²'s own split of the base tasks; it has no validation split
+# The score's evidence rule (diagnosis.py), told to the agent: a reward rule the prompt hid would be a trap.
+DIAGNOSE_FIRST = ("Before you change anything or transfer the user, check the device and the account for every "
+                  "cause of the issue: what is done before that earns no credit.")
 
 
 def _difficulty(n_actions: int) -> int:
@@ -84,8 +87,8 @@ def system_prompt() -> str:
     prompt = t.SYSTEM_PROMPT_SOLO.format(agent_instruction=instruction, domain_policy=t.make_env().get_policy(),
                                          ticket="{ticket}")
     return prompt.split("<ticket>")[0].rstrip() + (
-        f"\nThe ticket is the user's message. When you are done, call {COMPLETE_TOOL_NAME} with a one-line "
-        "summary as its answer.")
+        f"\nThe ticket is the user's message. {DIAGNOSE_FIRST} When you are done, call {COMPLETE_TOOL_NAME} "
+        "with a one-line summary as its answer.")
 
 
 if __name__ == "__main__":
