@@ -3,7 +3,8 @@
     company/   a read-only SQLite company database (departments, employees, projects) behind a FastMCP
                server: grounded question templates, SQL demonstrations, counterfactual worlds
     tau2_telecom/  τ²-bench telecom in solo mode (`tau2-telecom`): a τ² environment per rollout, scored by
-               τ²'s own evaluator; its tasks carry their gold actions (needs the [tau2] extra)
+               τ²'s own evaluator, paid when the episode diagnosed first; its tasks carry their gold actions
+               and their diagnosis (needs the [tau2] extra)
 
 A folder here is an environment when its module defines `recognise(spec) -> Environment | None`:
 its own name (`--server company`) and the specs of its server (a command line running its script,

@@ -1,22 +1,25 @@
 """One rollout of a τ² telecom task: a fresh τ² environment in solo mode behind an in-process FastMCP
-server, and its score by τ²'s own evaluator.
+server, and its score: τ²'s own evaluator, paid only under our evidence rule (diagnosis.py).
 
     async with episode(scenario) as ep:      # mcp_rl.environment.Episode: ep.spec is the FastMCP server
         ...                                  # the agent's tools and the device's (solo mode), as τ² defines them
-        await score(traj, scenario, ep)      # τ²'s evaluate_simulation on what happened
+        await score(traj, scenario, ep)      # τ²'s evaluate_simulation on what happened, if it looked first
 
 Each tool call goes to τ²'s `Environment.get_response` (which also syncs the device with the
 network, as τ²'s orchestrator does), and the call and τ²'s reply are kept in the episode's state
 as τ² messages: the trajectory τ²'s evaluator replays (it rebuilds the environment from the task's
 initial state, replays these calls, and checks the task's environment assertions, plus its gold
 actions where the task's reward basis names ACTION). The kept messages are τ²'s own, so a tool
-result cut short for the model (RolloutConfig.max_result_chars) still replays exactly.
+result cut short for the model (RolloutConfig.max_result_chars) still replays exactly. Each call is
+also kept as a plain record (its name and arguments, whether τ² types the tool READ, whether it
+failed): what the evidence rule reads to decide whether the episode looked before it acted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import datetime as dt
 import threading
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from pydantic import Field
 from mcp_rl.environment import Episode
 
 from .bench import DOMAIN, tau2
+from .diagnosis import diagnosed
 
 
 @dataclass
@@ -39,6 +43,7 @@ class TelecomState:
     env: Any
     task: Any = None  # the τ² Task (None: a session with no task, e.g. listing tools)
     messages: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # this rollout's calls as diagnosis.diagnosed reads them
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def call(self, name: str, arguments: dict) -> Any:
@@ -49,6 +54,8 @@ class TelecomState:
                             requestor="assistant")  # solo mode: the agent makes the device's calls too
             reply = self.env.get_response(tc)
             self.messages += [t.AssistantMessage(role="assistant", content=None, tool_calls=[tc]), reply]
+            self.calls.append({"tool": name, "arguments": dict(arguments), "read_only": name in read_only_tools(),
+                               "error": bool(reply.error)})
         return reply
 
 
@@ -78,6 +85,14 @@ def build_server(state: TelecomState) -> fastmcp.FastMCP:
             mcp.add_tool(Tau2Tool(name=name, description=schema["description"], parameters=schema["parameters"],
                                   annotations=_annotations(kit.tool_type(name)), state=state))
     return mcp
+
+
+@functools.lru_cache(maxsize=1)
+def read_only_tools() -> frozenset[str]:
+    """The tools τ² types READ (the agent's and the device's); WRITE and GENERIC ones change the world."""
+    env, t = tau2().make_env(), tau2()
+    return frozenset(name for kit in (env.tools, env.user_tools) for name in kit.get_tools()
+                     if kit.tool_type(name) == t.ToolType.READ)
 
 
 def tool_names() -> list[str]:
@@ -131,7 +146,9 @@ def _termination(traj: Any) -> Any:
 
 async def score(traj: Any, scenario: Any, ep: Episode) -> dict:
     """`Environment.score`: τ²'s `evaluate_simulation` (all evaluators, combined by the task's reward
-    basis, in solo mode) on this episode's calls; sub-scores are τ²'s reward breakdown."""
+    basis, in solo mode) on this episode's calls, paid only when the episode diagnosed before it acted
+    (our rule, diagnosis.py). Sub-scores: `tau2`, τ²'s reward as it is; `diagnosed`, the rule's verdict
+    (1.0 or 0.0); τ²'s reward breakdown."""
     t = tau2()
     state: TelecomState = ep.state
     now = dt.datetime.now().isoformat()
@@ -141,7 +158,8 @@ async def score(traj: Any, scenario: Any, ep: Episode) -> dict:
     info = t.evaluate_simulation(simulation=sim, task=state.task, evaluation_type=t.EvaluationType.ALL,
                                  solo_mode=True, domain=DOMAIN)
     parts = {str(getattr(k, "value", k)).lower(): float(v) for k, v in (info.reward_breakdown or {}).items()}
-    return {"score": float(info.reward), **parts}
+    reward, ok = float(info.reward), diagnosed(state.task, state.calls)
+    return {"score": reward if ok else 0.0, "tau2": reward, "diagnosed": float(ok), **parts}
 
 
 __all__ = ["TelecomState", "build_server", "episode", "new_state", "score", "tool_names"]

@@ -4,8 +4,11 @@
 
 `import_tasks(path)` writes τ²'s 114 base tasks (its own split: 74 train, 40 test) as Scenario JSONL:
 the task text is the ticket; `extra` holds τ²'s task id (the episode and the evaluator look the task
-up by it), its gold actions as [{"tool", "arguments"}] (demonstrations replay them through the real
-loop) and its reward basis. `system_prompt()` is τ²'s solo-mode system prompt with our stop tool.
+up by it), its gold actions as [{"tool", "arguments"}], the calls that diagnose its faults
+(diagnosis.diagnosis: the customer lookup, then a read showing each fault τ² planted) and its reward basis.
+`plan(scenario)`, the environment's demonstrations, replays the diagnosis, then the gold actions, then
+complete_task: a demonstration that looks before it acts, as the score's evidence rule asks (diagnosis.py).
+`system_prompt()` is τ²'s solo-mode system prompt with our stop tool and the evidence rule stated.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ import re
 from pathlib import Path
 
 from mcp_rl.rollout import COMPLETE_TOOL_NAME
+from mcp_rl.tasks.demonstrations import actions_plan
 from mcp_rl.tasks.scenarios import Scenario, save_scenarios, task_id
 
 from .bench import tau2
+from .diagnosis import diagnosis
 
 SPLITS = ("train", "test")  # τ²'s own split of the base tasks; it has no validation split
+# The score's evidence rule (diagnosis.py), told to the agent: a reward rule the prompt hid would be a trap.
+DIAGNOSE_FIRST = ("Before you change anything or transfer the user, check the device and the account for every "
+                  "cause of the issue: what is done before that earns no credit.")
 
 
 def _difficulty(n_actions: int) -> int:
@@ -46,8 +54,22 @@ def scenarios() -> list[Scenario]:
             id=task_id("tau2-telecom", task.id), task=task.ticket, difficulty=_difficulty(len(actions)),
             tags=_category(task.id), split=split[task.id],
             extra={"task_id": task.id, "actions": [{"tool": a.name, "arguments": dict(a.arguments)} for a in actions],
+                   "diagnosis": diagnosis(task),
                    "reward_basis": [str(getattr(b, "value", b)) for b in task.evaluation_criteria.reward_basis]}))
     return out
+
+
+def plan(scenario) -> list[dict]:
+    """A task's demonstration: its diagnosis (`extra["diagnosis"]`), then τ²'s gold actions and complete_task.
+
+    >>> from types import SimpleNamespace as S
+    >>> steps = plan(S(extra={"diagnosis": [{"tool": "check_sim_status", "arguments": {}}],
+    ...                       "actions": [{"tool": "transfer_to_human_agents", "arguments": {}}]}, answer=None))
+    >>> [s["tool"] for s in steps]
+    ['check_sim_status', 'transfer_to_human_agents', 'complete_task']
+    """
+    looks = [{"tool": c["tool"], "arguments": dict(c.get("arguments") or {})} for c in scenario.extra.get("diagnosis", [])]
+    return looks + actions_plan(scenario)
 
 
 def import_tasks(out_path: str | Path) -> list[Scenario]:
@@ -65,8 +87,8 @@ def system_prompt() -> str:
     prompt = t.SYSTEM_PROMPT_SOLO.format(agent_instruction=instruction, domain_policy=t.make_env().get_policy(),
                                          ticket="{ticket}")
     return prompt.split("<ticket>")[0].rstrip() + (
-        f"\nThe ticket is the user's message. When you are done, call {COMPLETE_TOOL_NAME} with a one-line "
-        "summary as its answer.")
+        f"\nThe ticket is the user's message. {DIAGNOSE_FIRST} When you are done, call {COMPLETE_TOOL_NAME} "
+        "with a one-line summary as its answer.")
 
 
 if __name__ == "__main__":
