@@ -120,7 +120,13 @@ class Environment:
         if self.system_prompt is not None:
             cfg.rollout = dataclasses.replace(cfg.rollout, system_prompt=self.system_prompt)
         if self.max_turns is not None:
+            from mcp_rl.runs.config import PROMPT_TOKENS, TrainConfig, check_episode_fits
+
             cfg.rollout = dataclasses.replace(cfg.rollout, max_turns=self.max_turns)
+            need = PROMPT_TOKENS + cfg.rollout.max_turns * cfg.rollout.max_tokens
+            if cfg.train.max_seq_len == TrainConfig.max_seq_len and need > cfg.train.max_seq_len:
+                cfg.train = dataclasses.replace(cfg.train, max_seq_len=need)  # the default, not the user's: make room
+            check_episode_fits(cfg.rollout, cfg.train)  # set after Config's own checks ran: check again
         if self.rewards:
             mine = {name for name, _, _ in self.rewards}
             custom = [c for c in cfg.reward.custom if c[0] not in mine] + list(self.rewards)

@@ -230,3 +230,15 @@ async def test_demonstrations_of_tasks_that_share_a_text_play_each_tasks_own_act
 
     with pytest.raises(PolicyError, match="different demonstrations"):
         await demo.complete([{"role": "user", "content": "Fix my cart."}], [])
+
+
+def test_an_environment_whose_turns_overflow_the_context_is_refused_when_configured():
+    """Environment.max_turns is set after Config's own checks ran: configure() checks the episode still fits."""
+    from mcp_rl.runs.config import Config, TrainConfig
+
+    cfg = Config(train=TrainConfig(max_seq_len=3072))  # the user's own length: kept, and checked
+    Environment("short", server="x.py", max_turns=8).configure(cfg)  # 1024 + 8 x 256 fits
+    with pytest.raises(ValueError, match=r"max_turns x rollout.max_tokens \(30 x 256\)"):
+        Environment("long", server="x.py", max_turns=30).configure(cfg)
+    roomy = Environment("long", server="x.py", max_turns=30).configure(Config())  # the default length: made room
+    assert roomy.train.max_seq_len == 1024 + 30 * 256
