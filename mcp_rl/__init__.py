@@ -19,8 +19,8 @@ from importlib import import_module
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 _NAMES = {
-    "mcp.connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai", "tools_json",
-                "tools_table"],
+    "mcp.connect": ["ServerSpec", "ToolSession", "ToolResult", "ServerUnavailable", "make_client", "mcp_tool_to_openai"],
+    "mcp.listing": ["tools_json", "tools_table"],
     "mcp.guard": ["ToolPolicy", "ToolPolicyError", "SideEffectsRefused", "ToolsChanged", "classify_tool", "filter_tools"],
     "mcp.audit": ["log_tool_calls", "read_tool_calls"],
     "tasks.scenarios": ["Scenario", "load_scenarios", "save_scenarios", "split_scenarios"],

@@ -64,7 +64,7 @@ def _scenarios(cfg: Config, split: str, n: int | None) -> list:
 
 
 def cmd_tools(a) -> int:
-    from mcp_rl.mcp.connect import tools_json, tools_table
+    from mcp_rl.mcp.listing import tools_json, tools_table
 
     cfg = flags.config(a, Config(), trains=False)
 

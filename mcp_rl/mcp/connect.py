@@ -34,7 +34,7 @@ described to the model, and a call to it is answered as an unknown tool. When th
 tools changed (`notifications/tools/list_changed`), the next call re-lists and re-checks them first;
 if they no longer fit, that call and every later one raise `ToolsChanged` and nothing is called.
 
-Show a server's tools from a shell: `python -m mcp_rl tools --server SPEC`.
+Show a server's tools from a shell: `python -m mcp_rl tools --server SPEC` (`mcp_rl.mcp.listing`).
 Transports, sessions and protocol negotiation are fastmcp's; this module only decides which
 transport a spec names, classifies failures, and shapes results for a model. Tool schemas are
 shaped in `mcp_rl.mcp.schemas` (re-exported here: `mcp_tool_to_openai`, `normalize_schema`), results in
@@ -59,9 +59,9 @@ from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
 # Re-exported: `from mcp_rl.mcp.connect import mcp_tool_to_openai` predates schemas.py, and
 # `make_client`, `describe_spec`, `stdio_env` predate specs.py.
-from mcp_rl.mcp.guard import READ_ONLY, ToolPolicy, ToolPolicyError, ToolsChanged, tool_hints
+from mcp_rl.mcp.guard import ToolPolicy, ToolPolicyError, ToolsChanged
 from mcp_rl.quote import short
-from mcp_rl.mcp.schemas import mcp_tool_to_openai, normalize_schema
+from mcp_rl.mcp.schemas import hide_bound, mcp_tool_to_openai, normalize_schema
 from mcp_rl.mcp.tool_results import BAD_ARGS, UNKNOWN_TOOL, ToolResult, explained, nbytes, result_to_text, truncate
 from mcp_rl.redact import redact
 from mcp_rl.mcp.specs import STDIO_ENV_ALLOWLIST, ServerSpec, ServerUnavailable, describe_spec, is_stdio, make_client, stdio_env
@@ -70,8 +70,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ServerSpec", "ServerUnavailable", "ToolResult", "ToolSession", "make_client", "describe_spec",
-    "mcp_tool_to_openai", "normalize_schema", "result_to_text", "print_tools", "tools_json",
-    "stdio_env", "STDIO_ENV_ALLOWLIST", "tools_table",
+    "mcp_tool_to_openai", "normalize_schema", "result_to_text", "stdio_env", "STDIO_ENV_ALLOWLIST",
 ]
 
 # ---------------------------------------------------------------- one session per rollout
@@ -378,62 +377,3 @@ def _transport_gone(e: BaseException) -> bool:
     if isinstance(e, gone) or re.search(r"failed to connect|connection closed|session task", str(e), re.I):
         return True
     return any(_transport_gone(sub) for sub in getattr(e, "exceptions", ()))
-
-
-# ---------------------------------------------------------------- CLI helpers
-
-
-async def tools_json(spec: ServerSpec, policy: ToolPolicy | None = None, **session_kw: Any) -> str:
-    """The server's tools as a JSON list of OpenAI tool schemas (`mcp_rl tools --json`): those
-    `policy`'s filters admit, all without one (no side-effect check: nothing is called)."""
-    async with ToolSession(spec, **session_kw) as session:
-        if policy is not None:
-            session.policy = policy
-        return json.dumps(await session.openai_tools(), indent=2, ensure_ascii=False)
-
-
-async def tools_table(spec: ServerSpec, policy: ToolPolicy | None = None, **session_kw: Any) -> str:
-    """Each tool's side-effect class, MCP hints and whether rollouts under `policy` (default:
-    `ToolPolicy()`) offer it, then what rollouts would do: `python -m mcp_rl tools`."""
-    policy = policy or ToolPolicy()
-    async with ToolSession(spec, **session_kw) as session:
-        tools = await session.all_tools()
-    rows = [("tool", "class", "hints (MCP annotations)", "offered")]
-    for t in tools:
-        hints = ", ".join(k.removesuffix("Hint") + ("" if v else "=false") for k, v in tool_hints(t).items())
-        cls = policy.classify(t) + (" (declared)" if t.name in policy.read_only else "")
-        rows.append((t.name, cls, hints or "(none)", "yes" if policy.admits(t.name) else "no (filtered)"))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{describe_spec(spec)}: {len(tools)} tool{'s' * (len(tools) != 1)}"]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[3] for r in rows]
-    try:
-        policy.check(tools, server=describe_spec(spec))
-        offered = policy.filter(tools)
-        risky = [t.name for t in offered if policy.classify(t) != READ_ONLY]
-        lines.append(f"rollouts: offer {len(offered)} tool{'s' * (len(offered) != 1)}" +
-                     (f", with side effects allowed for {', '.join(risky)}" if risky else ", all read-only"))
-    except ValueError as e:
-        lines.append(f"rollouts: refused: {e}")
-    return "\n".join(lines)
-
-
-async def print_tools(spec: ServerSpec, **session_kw: Any) -> None:
-    """Print `tools_json(spec)`: `python -m mcp_rl tools --server SPEC`."""
-    print(await tools_json(spec, **session_kw))
-
-
-def hide_bound(schema: dict, bound: dict) -> dict:
-    """An OpenAI tool schema without the arguments an episode binds (they are set for every call).
-
-    >>> s = {"type": "function", "function": {"name": "t", "parameters": {"type": "object",
-    ...      "properties": {"q": {}, "state_key": {}}, "required": ["q", "state_key"]}}}
-    >>> hide_bound(s, {"state_key": "r1"})["function"]["parameters"]
-    {'type': 'object', 'properties': {'q': {}}, 'required': ['q']}
-    """
-    params = schema.get("function", {}).get("parameters") or {}
-    if not bound or not set(bound) & set(params.get("properties") or {}):
-        return schema
-    params = {**params, "properties": {k: v for k, v in params["properties"].items() if k not in bound}}
-    if "required" in params:
-        params["required"] = [r for r in params["required"] if r not in bound]
-    return {**schema, "function": {**schema["function"], "parameters": params}}

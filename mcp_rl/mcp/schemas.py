@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["mcp_tool_to_openai", "normalize_schema", "field_of"]
+__all__ = ["mcp_tool_to_openai", "normalize_schema", "field_of", "hide_bound"]
 
 
 def field_of(obj: Any, *names: str) -> Any:
@@ -166,3 +166,20 @@ def mcp_tool_to_openai(tool: Any, *, max_description_chars: int = 1024) -> dict:
         "description": _cap(desc.strip(), max_description_chars),
         "parameters": normalize_schema(schema, max_description_chars=max_description_chars),
     }}
+
+
+def hide_bound(schema: dict, bound: dict) -> dict:
+    """An OpenAI tool schema without the arguments an episode binds (they are set for every call).
+
+    >>> s = {"type": "function", "function": {"name": "t", "parameters": {"type": "object",
+    ...      "properties": {"q": {}, "state_key": {}}, "required": ["q", "state_key"]}}}
+    >>> hide_bound(s, {"state_key": "r1"})["function"]["parameters"]
+    {'type': 'object', 'properties': {'q': {}}, 'required': ['q']}
+    """
+    params = schema.get("function", {}).get("parameters") or {}
+    if not bound or not set(bound) & set(params.get("properties") or {}):
+        return schema
+    params = {**params, "properties": {k: v for k, v in params["properties"].items() if k not in bound}}
+    if "required" in params:
+        params["required"] = [r for r in params["required"] if r not in bound]
+    return {**schema, "function": {**schema["function"], "parameters": params}}
