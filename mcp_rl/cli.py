@@ -134,7 +134,8 @@ def cmd_eval(a) -> int:
                                   reward_cfg=cfg.reward, k=a.k, counterfactual=environment(cfg.server).counterfactual())
 
     result, _ = _with_server(cfg, go)
-    print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%}" if result.pass_at_k is not None else ""))
+    print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%} | pass^{result.k} {result.pass_hat_k:.1%}"
+                           if result.pass_at_k is not None else ""))
     if a.out:
         save_eval(Path(a.out), result)
         print(f"report: {write_report(a.out, [result], [])}")
@@ -252,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--run", help="a run folder: evaluate with its config.json (server, model, tools, rollout, "
                     "reward; --n default: its train.eval_scenarios) and newest checkpoint; flags override it")
     flags.add_flags(sp, "rollout", EVAL_ROLLOUT, names={"train.eval_temperature": ("--temperature",)})
-    sp.add_argument("--k", type=int, default=1, help="rollouts per scenario (pass@k)")
+    sp.add_argument("--k", type=int, default=1, help="rollouts per scenario (pass@k: any succeeds; pass^k: all do)")
     sp.add_argument("--label")
     sp.add_argument("--out", help="folder for eval rows, report and tool-call log")
 

@@ -33,6 +33,13 @@ def test_pass_at_k_unbiased_estimator():
     rows = [row("a", 1.0), row("a", 0.0), row("b", 0.0), row("b", 0.0)]
     r = summarize(rows, "k")
     assert r.k == 2 and r.pass_at_k == pytest.approx(0.5) and r.success_rate == 0.5
+    assert r.pass_hat_k == 0.0  # no task succeeded in both of its rollouts
+
+
+def test_pass_hat_k_counts_tasks_solved_every_time():
+    rows = [row("a", 1.0), row("a", 1.0), row("a", 1.0), row("b", 1.0), row("b", 1.0), row("b", 0.0)]
+    r = summarize(rows, "k")  # a: 3 of 3, b: 2 of 3; pass^3 = (1 + 0) / 2
+    assert r.k == 3 and r.pass_hat_k == pytest.approx(0.5) and r.pass_at_k == pytest.approx(1.0)
 
 
 def test_empty_rows_is_a_clear_error():

@@ -46,8 +46,9 @@ class EvalResult:
     mean_turns: float
     mean_tool_errors: float
     fatal_rate: float
-    pass_at_k: float | None = None
+    pass_at_k: float | None = None  # some of k rollouts succeed (the unbiased estimator over n >= k)
     k: int = 1
+    pass_hat_k: float | None = None  # all k succeed: τ²-bench's pass^k, its consistency measure
     rows: list[dict] = field(default_factory=list, repr=False)
     # Correct AND shown by a successful tool result of the episode (mcp_rl.rewards.evidence): what the reward pays.
     grounded_rate: float = 0.0
@@ -64,6 +65,16 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _pass_hat_k(n: int, c: int, k: int) -> float:
+    """τ²-bench's pass^k for one task with c successes in n >= k rollouts: the chance that k of them drawn
+    without replacement all succeed, C(c, k) / C(n, k) (its paper's estimator).
+
+    >>> _pass_hat_k(4, 4, 4), _pass_hat_k(4, 3, 4), _pass_hat_k(4, 3, 2)
+    (1.0, 0.0, 0.5)
+    """
+    return math.comb(c, k) / math.comb(n, k)
 
 
 def clip(text: str, limit: int = TRANSCRIPT_CHARS) -> str:
@@ -123,14 +134,16 @@ def summarize(rows: list[dict], label: str) -> EvalResult:
     # rebuilds it from their transcripts).
     g = sum(float(r.get("grounded", 0.0)) >= SUCCESS for r in firsts) / n
     k = min(len(rs) for rs in by_id.values())
-    pass_k = None
+    pass_k = pass_hat = None
     if k > 1:
-        pass_k = sum(_pass_at_k(len(rs), sum(r["verified"] >= SUCCESS for r in rs), k) for rs in by_id.values()) / n
+        wins = [(len(rs), sum(r["verified"] >= SUCCESS for r in rs)) for rs in by_id.values()]
+        pass_k = sum(_pass_at_k(m, c, k) for m, c in wins) / n
+        pass_hat = sum(_pass_hat_k(m, c, k) for m, c in wins) / n
     mean = lambda key: sum(float(r[key]) for r in rows) / len(rows)  # noqa: E731
     return EvalResult(
         label=label, n=n, success_rate=p, success_se=math.sqrt(p * (1 - p) / n),
         mean_reward=mean("reward"), completed_rate=mean("completed"), mean_turns=mean("turns"),
-        mean_tool_errors=mean("tool_errors"), fatal_rate=mean("fatal"), pass_at_k=pass_k, k=k, rows=rows,
+        mean_tool_errors=mean("tool_errors"), fatal_rate=mean("fatal"), pass_at_k=pass_k, k=k, pass_hat_k=pass_hat, rows=rows,
         grounded_rate=g, grounded_se=math.sqrt(g * (1 - g) / n),
     )
 
