@@ -93,13 +93,14 @@ def update(trainer, seqs: list[dict]) -> dict:
     t0 = time.perf_counter()
     constant, total, batches = trainer.max_seq_len * len(seqs), 0.0, trainer._micro_batches(seqs)
     trainer.model.train()
-    for batch in batches:
-        new, old, mask = trainer._logprobs(batch)
-        adv = torch.tensor([s["adv"] for s in batch], device=trainer.device)
-        loss = grpo_loss(new, old, adv, mask, kind="dr_grpo", constant=constant)
-        trainer._backward(loss)
-        total += float(loss.detach())
-    grad_norm = trainer._update(trainer.optimizer)
+    with trainer.levers():
+        for batch in batches:
+            new, old, mask = trainer._logprobs(batch)
+            adv = torch.tensor([s["adv"] for s in batch], device=trainer.device)
+            loss = grpo_loss(new, old, adv, mask, kind="dr_grpo", constant=constant)
+            trainer._backward(loss)
+            total += float(loss.detach())
+        grad_norm = trainer._update(trainer.optimizer)
     trainer.model.eval()
     if cuda:
         torch.cuda.synchronize()
