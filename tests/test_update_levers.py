@@ -62,6 +62,48 @@ def test_lora_inputs_left_in_the_autocast_dtype_give_the_same_step_bit_for_bit(t
     assert c0 - c1 >= 2 * 14 + 2 * 11, (c0, c1)
 
 
+def scaled_and_added(fn) -> tuple[int, int]:
+    """(multiplies of a [B, T, N] activation by a scalar, forward adds of two [B, T, N] activations) `fn` runs:
+    LoRA's `* scaling` (forward and backward) and its `result + ...` (forward) among them."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    ops = [(e.name, e.input_shapes[:2], "evaluate_function" in getattr(e.cpu_parent, "name", ""))
+           for e in prof.events() if e.name in ("aten::mul", "aten::add")]
+    muls = sum(n == "aten::mul" and len(s[0]) == 3 and s[1] == [] for n, s, _ in ops)
+    adds = sum(n == "aten::add" and len(s[0]) == 3 and s[0] == s[1] and not backward for n, s, backward in ops)
+    return muls, adds
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_lora_scaled_add_inside_its_product_gives_the_same_step_within_rounding(tiny, precision, dtype):
+    """LoRA's `result + lora_B(lora_A(x)) * scaling` as one addmm: the loss, gradient norm and LoRA weights of a
+    packed step within half-precision rounding of peft's, without the multiply and add; peft's forward back after."""
+    from peft.tuners.lora.layer import Linear
+
+    model, tok = tiny
+    groups = groups_of(model, tok)
+    out = []
+    for lever in (False, True):
+        torch.manual_seed(1)
+        trainer = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model).to(dtype), tokenizer=tok, step=0),
+                                  learning_rate=1e-2, precision=precision, max_seq_len=512, packed=True,
+                                  micro_batch_tokens=10**6, lora_fused_add=lever)
+        layers = [m for m in trainer.model.modules() if isinstance(m, Linear)]
+        assert len(layers) == 14 and all(kernels.fusable(m) for m in layers)
+        box = {}
+        n = scaled_and_added(lambda: box.update(trainer.train_step(groups)))
+        assert all("forward" not in vars(m) for m in layers)  # the instance forward is gone after the update
+        out.append((box, lora_weights(trainer.model), n))
+    (m0, w0, n0), (m1, w1, n1) = out
+    assert m1["updated"] == 1 and m1["skipped_steps"] == 0
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=2e-2, abs=1e-4) and m1["loss"] != 0
+    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=5e-2)
+    for k in w0:  # one step of lr 1e-2 from the same start: the moves agree to rounding
+        torch.testing.assert_close(w1[k], w0[k], rtol=0, atol=2e-3)
+    # 14 LoRA layers: a scalar multiply in forward and one in backward, an add in forward, each gone
+    assert n1[0] <= n0[0] - 2 * 14 and n1[1] <= n0[1] - 14, (n0, n1)
+
+
 @pytest.mark.parametrize("precision, off", [("fp32", False), ("bf16", True)])
 def test_the_lever_turns_peft_casting_off_only_under_autocast_and_only_during_the_update(tiny, precision, off):
     """Without autocast a bf16 input must meet float32 LoRA weights through peft's cast, and sampling (no
@@ -94,6 +136,8 @@ def test_liger_missing_on_a_gpu_names_the_extra(monkeypatch):
 @pytest.mark.parametrize("values, error", [
     ({"lora_no_upcast": True}, None),
     ({"liger_kernels": True}, None),
+    ({"lora_fused_add": True}, None),
+    ({"lora_fused_add": True, "loader": "unsloth"}, "train.lora_fused_add is a switch of the portable trainer"),
     ({"liger_kernels": "yes"}, "train.liger_kernels must be true or false"),
     ({"lora_no_upcast": True, "backend": "art", "max_seq_len": 8192, "logprob_chunk_size": 1024},
      "train.lora_no_upcast is a switch of the portable trainer"),
@@ -103,7 +147,8 @@ def test_the_switches_are_checked_like_every_field(values, error):
     if error is None:
         cfg = TrainConfig(**values)
         assert all(getattr(cfg, k) is v for k, v in values.items())
-        assert not TrainConfig().lora_no_upcast and not TrainConfig().liger_kernels  # off until measured on a GPU
+        off = TrainConfig()  # every lever off until measured on a GPU
+        assert not off.lora_no_upcast and not off.lora_fused_add and not off.liger_kernels
     else:
         with pytest.raises(ValueError, match=error):
             TrainConfig(**values)
@@ -114,10 +159,10 @@ def test_build_trainer_passes_the_switches_on(tiny, monkeypatch):
     from mcp_rl.runs.config import preset
 
     cfg = preset("cpu")
-    cfg.train.lora_no_upcast = True
+    cfg.train.lora_no_upcast = cfg.train.lora_fused_add = True
     monkeypatch.setattr(parts, "check_install", lambda cfg: None)
     trainer = parts.build_trainer(cfg, model=(copy.deepcopy(tiny[0]), tiny[1]))
-    assert trainer.lora_no_upcast is True
+    assert trainer.lora_no_upcast is True and trainer.lora_fused_add is True
     cfg.train.liger_kernels = True
     with pytest.raises(RuntimeError, match="liger"):
         parts.build_trainer(cfg, model=(copy.deepcopy(tiny[0]), tiny[1]))

@@ -13,20 +13,26 @@ hidden size, so the tiny shape tells the 3B one's launch mix. `--levers` runs th
     python bench/speed/attribute_update.py                      # the table, no levers
     python bench/speed/attribute_update.py --levers lora-casts  # the same with LoRA's input casts skipped
 
-What it found (tiny shape: 2 layers, 7 LoRA layers each, 8 sequences, one micro-batch, checkpointing; CPU, torch
-2.13, transformers 5.24, peft 0.21.2), per update, outermost ops:
+What it found (tiny shape: 2 layers x 7 LoRA layers, 8 sequences in one packed micro-batch, checkpointing; CPU,
+torch 2.13, transformers 5.24, peft 0.21.2), per update; "forward" counts the first pass and checkpointing's recompute:
 
-| op | issued by (forward frame / backward node) | count | lora-casts |
-|---|---|---|---|
-| aten::to (bf16 -> f32 input copy) | peft lora/layer.py forward `_cast_input_dtype` | 28 | 0 |
-| aten::to (f32 -> bf16, autocast) | peft lora/layer.py forward: lora_A(x) | 28 | 0 |
-| aten::to (f32 -> bf16) | ToCopyBackward0: the two casts' gradients | 56 | 0 |
-| aten::to (weights, autocast) | peft lora/layer.py forward: lora_A / lora_B | 56 | 56 |
-| aten::mul | peft lora/layer.py forward `* scaling` | 28 | 28 |
-| aten::add | peft lora/layer.py forward `result + ...` | 28 | 28 |
-| aten::to / mul / add | transformers RMSNorm, RoPE, SwiGLU, residuals | see the printed table | (Liger's kernels) |
+| op | issued by | no lever | lora_no_upcast | + lora_fused_add |
+|---|---|---|---|---|
+| cast bf16 -> f32 of a LoRA layer's input | peft tuners_utils.py `_cast_input_dtype`, forward | 28 | 0 | 0 |
+| cast f32 -> bf16 of that input and of the LoRA weights | torch linear.py under autocast (lora_A, lora_B), forward | 84 | 56 (weights) | 56 |
+| casts in backward | ToCopyBackward0: those casts' gradients, RMSNorm's | 67 | 39 | 39 |
+| `* scaling` over a LoRA output | peft lora/layer.py, forward; MulBackward0 | 26 + 14 | 26 + 14 | 0 (rank-sized, in AddmmBackward0) |
+| `result + ...` LoRA into the base output | peft lora/layer.py, forward | 26 | 26 | 0 |
+| RMSNorm's float32 round trip | LlamaRMSNorm, forward (Liger's kernel fuses it) | 18 casts, 18 mul, 9 add | same | same |
+| RoPE rotate-and-add | apply_rotary_pos_emb, forward (Liger) | 16 mul, 8 add | same | same |
+| SwiGLU product, residual adds | LlamaMLP (Liger), LlamaDecoderLayer | 4 mul, 6 add | same | same |
+| all casts / copies / adds / muls | | 204 / 67 / 120 / 193 | 120 / 67 / 120 / 193 | 120 / 67 / 94 / 181 |
 
-(The numbers in this docstring are from the run recorded in the commit that wrote it; rerun for yours.)
+So the dtype copies the H100 profile counted are mostly peft's: per LoRA layer and pass the input's float32 round trip
+(activation-sized, both ways in forward and in backward) and the weights' casts (rank-sized, 56 here: many launches,
+few bytes). The bf16 adds and scalar multiplies are LoRA's scaled add over every projection's output (gate and up:
+5x the hidden size wide), then the residual stream, RoPE and RMSNorm. The Liger lever needs CUDA: compare with
+profile_update.py --levers there.
 """
 
 from __future__ import annotations
@@ -51,28 +57,32 @@ KINDS = {"aten::_to_copy": "cast", "aten::copy_": "copy", "aten::add": "add", "a
          "aten::mul": "mul", "aten::mul_": "mul"}
 
 
-def where(event) -> tuple[str, str]:
-    """(phase, issuer): forward / recompute (checkpointing's second forward, run from backward) / backward /
-    optimizer, and the frame outside torch that called `event` (the profiler records Python frames as parent
-    events), or in backward the autograd node that ran it (the engine runs it under no Python frame)."""
-    parent, frame = event.cpu_parent, None
+def where(event) -> tuple[str, str, str]:
+    """(phase, module, issuer): forward / recompute (checkpointing's second forward, run from backward) / backward /
+    optimizer; the innermost nn.Module class it ran in (LoRA's lora_A/lora_B are `Linear` in peft's `Linear`); the
+    frame outside torch that called it (the profiler records Python frames and modules as parent events), or in
+    backward the autograd node that ran it (the engine runs it under no Python frame or module)."""
+    parent, frame, module = event.cpu_parent, None, None
     while parent is not None:
         name = parent.name
         if "evaluate_function:" in name:
             node = name.split("evaluate_function:")[-1].strip()
-            return ("recompute", frame) if frame else ("backward", "autograd " + node)
+            return ("recompute", module or "-", frame) if frame else ("backward", "-", "autograd " + node)
+        if name.startswith("nn.Module: ") and module is None:
+            module = name[len("nn.Module: "):].rsplit("_", 1)[0]
         if ".py(" in name:
             if "/optim/" in name or "clip_grad" in name:
-                return "optimizer", name[name.index("torch/"):][:100]
+                return "optimizer", "-", name[name.index("torch/"):][:100]
             if frame is None and "/torch/" not in name:
                 cut = [name.index(p) for p in ("peft/", "transformers/", "mcp_rl/", "bench") if p in name]
                 frame = name[min(cut):][:100] if cut else name[-100:]
         parent = parent.cpu_parent
-    return "forward", frame or "?"
+    return "forward", module or "-", frame or "?"
 
 
 def attribute(trainer, seqs) -> collections.Counter:
-    """Counts of (kind, phase, issuer, input shapes, dtypes) over one update, after a warm-up; 0-dim operands left out."""
+    """Counts of (kind, phase, module, issuer, input shapes, dtypes) over one update, after a warm-up; 0-dim operands
+    left out."""
     update(trainer, seqs)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                 with_stack=True) as prof:
@@ -95,15 +105,16 @@ def attribute(trainer, seqs) -> collections.Counter:
 
 def tables(counts: collections.Counter, top: int) -> list[str]:
     totals = collections.Counter()
-    for (kind, phase, who, _, _), n in counts.items():
-        totals[(kind, phase, who.split("(")[0])] += n
+    for (kind, phase, module, who, _, _), n in counts.items():
+        file_fn = who.split("(")[0] + (":" + who.split(": ")[-1] if "): " in who else "")
+        totals[(kind, phase, module, file_fn)] += n
     lines = ["| kind | total |", "|---|---|"]
     lines += [f"| {k} | {sum(n for key, n in counts.items() if key[0] == k)} |" for k in ("cast", "copy", "add", "mul")]
-    lines += ["", "| kind | phase | issued by (file, or autograd node) | count |", "|---|---|---|---|"]
-    lines += [f"| {k} | {p} | {w} | {n} |" for (k, p, w), n in totals.most_common()]
-    lines += ["", f"top {top} by call site and shape:", "", "| kind | phase | issued by | input shapes | dtypes | count |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {k} | {p} | {w} | {s} | {d} | {n} |" for (k, p, w, s, d), n in counts.most_common(top)]
+    lines += ["", "| kind | phase | module | issued by (file:function, or autograd node) | count |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {p} | {m} | {w} | {n} |" for (k, p, m, w), n in totals.most_common()]
+    lines += ["", f"top {top} by call site and shape:", "",
+              "| kind | phase | module | issued by | input shapes | dtypes | count |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {k} | {p} | {m} | {w} | {s} | {d} | {n} |" for (k, p, m, w, s, d), n in counts.most_common(top)]
     return lines
 
 
@@ -115,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--longest", type=int, default=120)
     ap.add_argument("--budget", type=int, default=4096)
     ap.add_argument("--no-checkpointing", action="store_true")
-    ap.add_argument("--levers", nargs="*", default=[], choices=("lora-casts",),
+    ap.add_argument("--levers", nargs="*", default=[], choices=("lora-casts", "fused-add"),
                     help="update levers to turn on (Liger's kernels need CUDA: profile_update.py on the GPU)")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", default=None)
@@ -128,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = PortableTrainer(policy, learning_rate=2e-4, lora_r=16, lora_alpha=32, max_seq_len=8192,
                               precision="bf16", micro_batch_tokens=args.budget, packed=True,
                               gradient_checkpointing=not args.no_checkpointing,
-                              lora_no_upcast="lora-casts" in args.levers)
+                              lora_no_upcast="lora-casts" in args.levers, lora_fused_add="fused-add" in args.levers)
     trainer.tokenizer = policy.tokenizer
     counts = attribute(trainer, seqs)
     lines = [f"{args.shape}, {len(seqs)} sequences, packed {trainer.packed}, checkpointing {not args.no_checkpointing}, "

@@ -69,6 +69,9 @@ class TrainConfig:
                               "as it is, not peft's float32 copy that autocast casts straight back (two activation "
                               "copies per LoRA layer and pass, two more in backward); the same loss and gradients bit "
                               "for bit, LoRA weights stay float32 (mcp_rl/training/kernels.py)")
+    lora_fused_add: bool = _f(False, "portable trainer, under bf16/fp16 autocast: the update adds each LoRA layer's "
+                              "scaled product to its base output inside one addmm (no separate multiply and add over "
+                              "the output); the loss moves within bf16 rounding (mcp_rl/training/kernels.py)")
     liger_kernels: bool = _f(False, "portable trainer, CUDA only: Liger-Kernel's RMSNorm, SwiGLU/GeGLU and RoPE Triton "
                              "kernels patched into the model, as TRL's use_liger_kernel (the `gpu` extra); asked for "
                              "on a CPU or for a model type Liger lacks, the trainer refuses to start")
@@ -121,7 +124,7 @@ class TrainConfig:
             raise ValueError(f"train.group_size must be >= 2: GRPO compares rollouts of one scenario (got {self.group_size})")
         if self.micro_batch_tokens < 0:
             raise ValueError(f"train.micro_batch_tokens must be >= 0 (0 = off), got {self.micro_batch_tokens}")
-        for name in ("lora_no_upcast", "liger_kernels"):  # switches of the transformers-loaded portable trainer only
+        for name in ("lora_no_upcast", "lora_fused_add", "liger_kernels"):  # switches of the transformers-loaded portable trainer only
             if getattr(self, name) and (self.backend, self.loader) != ("portable", "transformers"):
                 raise ValueError(f"train.{name} is a switch of the portable trainer with the transformers loader "
                                  f"(ART and Unsloth bring their own kernels): set train.{name}=false, or "

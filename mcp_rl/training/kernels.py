@@ -1,6 +1,6 @@
 """Speed levers of the GRPO update (issue [speed]): switches on the model the trainer builds, each off by default.
 
-    with lora_input_casts(model, off=True):   # the update: LoRA layers take their input as autocast gives it
+    with update_levers(model, autocast=True, no_upcast=True, fused_add=True):   # around the update's passes
         ...forward / backward...
     applied = apply_liger(model)              # CUDA: Liger-Kernel's RMSNorm, SwiGLU/GeGLU and RoPE in place
 
@@ -12,6 +12,12 @@ their two copies again in backward, change no value: bf16 -> float32 -> bf16 is 
 skips them for the update only (sampling runs without autocast and needs them); the loss and gradients are the
 same bit for bit (tests/test_update_levers.py). The weights stay float32, so the optimizer and the T4's fp16 loss
 scaler see what they saw.
+
+peft then adds `lora_B(lora_A(x)) * scaling` to the base layer's output: a multiply and an add over the output
+(for the MLP's gate and up projections, 5x the hidden size wide) in forward, the multiply again in backward.
+`lora_fused_add` computes the same sum as one `result.addmm_(lora_A(x), lora_B.weight.T, alpha=scaling)`: the
+scale and the add go into the matrix product's epilogue, the backward's scale onto the rank-r factors. It rounds once
+instead of three times, so the loss moves within bf16 rounding, not bit for bit (tests/test_update_levers.py).
 
 The rest of the elementwise work is the model's own: RMSNorm's float32 round trip, SwiGLU's silu and product,
 RoPE's rotate-and-add. Liger-Kernel's Triton kernels fuse each (what TRL's `use_liger_kernel` applies); they need
@@ -38,6 +44,54 @@ def lora_input_casts(model: Any, *, off: bool) -> Iterator[None]:
     from peft.helpers import disable_input_dtype_casting
 
     with disable_input_dtype_casting(model):
+        yield
+
+
+def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """peft's vanilla LoRA Linear forward (one active adapter, not merged, no bias on lora_B) with the scaled add
+    inside the product, in place on the base output: an out-of-place addmm would first copy it (cuBLAS and the
+    CPU both do), and the base matmul keeps no output for its backward. On 2-D rows, so the in-place op is on
+    no view (a view's would cost a gradient copy in backward, CopySlices). The input goes in as it comes (under
+    autocast the LoRA matmul casts it); in-place ops get no autocast, so lora_B's weight is cast here, as
+    autocast would."""
+    rows = x.reshape(-1, x.shape[-1])
+    result = self.base_layer(rows, *args, **kwargs)
+    name = self.active_adapters[0]
+    low = self.lora_A[name](self.lora_dropout[name](rows))
+    result.addmm_(low.to(result.dtype), self.lora_B[name].weight.to(result.dtype).t(), alpha=self.scaling[name])
+    return result.view(*x.shape[:-1], result.shape[-1])
+
+
+def fusable(module: Any) -> bool:
+    """A peft LoRA Linear that `_fused_forward` computes exactly as peft does (up to rounding)."""
+    from peft.tuners.lora.layer import Linear
+
+    if type(module) is not Linear or module.merged or module.disable_adapters or len(module.active_adapters) != 1:
+        return False
+    name = module.active_adapters[0]
+    return (name in module.lora_A and name not in module.lora_variant and module.lora_B[name].bias is None
+            and not getattr(module, "use_dora", {}).get(name, False))
+
+
+@contextlib.contextmanager
+def lora_fused_add(model: Any, *, on: bool) -> Iterator[int]:
+    """While active with `on`: every `fusable` LoRA layer runs `_fused_forward` (an instance attribute, removed
+    after). Yields how many layers it changed."""
+    layers = [m for m in model.modules() if fusable(m)] if on else []
+    for m in layers:
+        m.forward = _fused_forward.__get__(m)
+    try:
+        yield len(layers)
+    finally:
+        for m in layers:
+            del m.forward
+
+
+@contextlib.contextmanager
+def update_levers(model: Any, *, autocast: bool, no_upcast: bool, fused_add: bool) -> Iterator[None]:
+    """The LoRA levers around an update's forward and backward passes; both need autocast (which casts the
+    LoRA product's operands to one dtype), so without it this is a no-op."""
+    with lora_input_casts(model, off=autocast and no_upcast), lora_fused_add(model, on=autocast and fused_add):
         yield
 
 

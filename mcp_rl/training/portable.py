@@ -92,7 +92,8 @@ class PortableTrainer(WarmStart, Checkpoints):
                  loss: str = "dr_grpo", micro_batch_size: int = 4, max_seq_len: int = 2048,
                  max_grad_norm: float = 1.0, precision: str = "auto", epsilon: float = 0.2,
                  weight_decay: float = 0.0, gradient_checkpointing: bool = False, micro_batch_tokens: int = 0,
-                 packed: bool = False, lora_no_upcast: bool = False, liger_kernels: bool = False):
+                 packed: bool = False, lora_no_upcast: bool = False, lora_fused_add: bool = False,
+                 liger_kernels: bool = False):
         import peft
 
         for attr in ("model", "tokenizer"):
@@ -144,9 +145,9 @@ class PortableTrainer(WarmStart, Checkpoints):
         self.sft_steps = 0
         self._lock = threading.Lock()  # one update at a time, also across `train` threads
         self._keep_logits = "logits_to_keep" in inspect.signature(model.get_base_model().forward).parameters
-        # Speed levers (kernels.py): LoRA inputs left in the autocast dtype during the update; Liger's kernels in the
-        # model (CUDA only: an error elsewhere). `liger` lists what was applied, for the bench rows and run records.
-        self.lora_no_upcast = bool(lora_no_upcast)
+        # Speed levers (kernels.py): during the update LoRA inputs left in the autocast dtype, LoRA's scaled add
+        # inside its product; Liger's kernels in the model (CUDA only: an error elsewhere; `liger` lists them).
+        self.lora_no_upcast, self.lora_fused_add = bool(lora_no_upcast), bool(lora_fused_add)
         self.liger = kernels.apply_liger(model) if liger_kernels else []
         self._split = backbone_and_head(model.get_base_model())
         self.packed = packed
@@ -171,8 +172,9 @@ class PortableTrainer(WarmStart, Checkpoints):
         return contextlib.nullcontext()
 
     def levers(self) -> contextlib.AbstractContextManager:
-        """The update's forward/backward runs inside this (kernels.lora_input_casts: only under autocast)."""
-        return kernels.lora_input_casts(self.model, off=self.lora_no_upcast and self.precision in ("bf16", "fp16"))
+        """The update's forward/backward passes run inside this (kernels.update_levers: only under autocast)."""
+        return kernels.update_levers(self.model, autocast=self.precision in ("bf16", "fp16"),
+                                     no_upcast=self.lora_no_upcast, fused_add=self.lora_fused_add)
 
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
