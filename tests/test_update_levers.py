@@ -127,6 +127,24 @@ def test_liger_kernels_on_a_cpu_refuse_to_start_saying_why(tiny):
     assert PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(model), tokenizer=tok, step=0)).liger == []
 
 
+def test_liger_patches_this_model_only_and_says_what(tiny, monkeypatch):
+    """Where liger-kernel is installed (the `gpu` extra): its norm and MLP forwards in this model (LoRA layers kept),
+    transformers' classes put back for models built later, RoPE module-wide. Only the patching: the kernels run on
+    CUDA, so readiness is faked here."""
+    pytest.importorskip("liger_kernel.transformers.monkey_patch")
+    from transformers.models.llama import modeling_llama as ml
+
+    rope, norm, mlp = ml.apply_rotary_pos_emb, ml.LlamaRMSNorm, ml.LlamaMLP
+    monkeypatch.setattr(kernels, "liger_ready", lambda device: "")
+    monkeypatch.setattr(ml, "apply_rotary_pos_emb", rope)  # put back after the test
+    model = PortableTrainer(types.SimpleNamespace(model=copy.deepcopy(tiny[0]), tokenizer=tiny[1], step=0)).model
+    assert kernels.apply_liger(model) == ["rms_norm", "swiglu", "rope"]
+    layer = model.get_base_model().model.layers[0]
+    assert "Liger" in layer.input_layernorm.forward.__qualname__ and "Liger" in layer.mlp.forward.__qualname__
+    assert type(layer.mlp.gate_proj).__module__.startswith("peft")
+    assert ml.LlamaRMSNorm is norm and ml.LlamaMLP is mlp and kernels.rope_is_liger(model)
+
+
 def test_liger_missing_on_a_gpu_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", None)  # import fails
     assert "pip install 'mcp-rl[gpu]'" in kernels.liger_ready(torch.device("cuda"))

@@ -77,12 +77,14 @@ def model_of(shape: str, device: str, dtype=None):
 
 
 def levers_ran(trainer) -> dict:
-    """What of the levers this trainer's update actually runs (the LoRA ones need autocast)."""
+    """What this trainer's update actually runs: packing and the fused head, and the levers (the LoRA ones need
+    autocast)."""
     from mcp_rl.training import kernels
 
     autocast = trainer.precision in ("bf16", "fp16")
     fused = sum(kernels.fusable(m) for m in trainer.model.modules()) if trainer.lora_fused_add and autocast else 0
-    return {"lora_no_upcast": trainer.lora_no_upcast and autocast, "lora_fused_layers": fused,
+    return {"packed": trainer.packed, "fused_head": trainer._fused,  # a failed probe (packing_works) turns packing off
+            "lora_no_upcast": trainer.lora_no_upcast and autocast, "lora_fused_layers": fused,
             "liger": list(trainer.liger), "liger_rope": kernels.rope_is_liger(trainer.model)}
 
 
@@ -180,7 +182,8 @@ def lever_table(timed: dict[str, list[dict]]) -> str:
         diff = abs(rs[0]["loss"] - ref[0]["loss"]) / max(abs(ref[0]["loss"]), 1e-12) if ref else float("nan")
         worst = max(worst, diff) if mode != "old" else worst
         ran = rs[0]["levers_ran"]
-        said = ", ".join([*(["no-upcast"] if ran["lora_no_upcast"] else []),
+        said = ", ".join([*([] if ran["packed"] or mode == "old" else ["NOT PACKED"]),
+                          *(["no-upcast"] if ran["lora_no_upcast"] else []),
                           *([f"fused {ran['lora_fused_layers']} LoRA"] if ran["lora_fused_layers"] else []),
                           *([f"liger {'+'.join(ran['liger'])} (rope {'liger' if ran['liger_rope'] else 'hf'})"]
                             if ran["liger"] else [])]) or "none"
