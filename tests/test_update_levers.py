@@ -184,3 +184,28 @@ def test_build_trainer_passes_the_switches_on(tiny, monkeypatch):
     cfg.train.liger_kernels = True
     with pytest.raises(RuntimeError, match="liger"):
         parts.build_trainer(cfg, model=(copy.deepcopy(tiny[0]), tiny[1]))
+
+
+def test_the_lever_bench_runs_each_lever_beside_new_and_records_what_ran(tmp_path, capsys):
+    """bench/speed/bench_update.py --levers on a CPU (bf16 autocast): new, new + each lever, new + all, one row each
+    per repetition, the same loss, and what ran in every row; Liger asked for on a CPU stops it before timing."""
+    import json
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "speed"))
+    import bench_update
+
+    out = tmp_path / "rows.jsonl"
+    assert bench_update.main(["--shape", "tiny", "--seqs", "6", "--mean-len", "50", "--longest", "90", "--reps", "1",
+                              "--precision", "bf16", "--levers", "lora-casts", "fused-add", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted({r["mode"] for r in rows}) == ["new", "new+all", "new+fused-add", "new+lora-casts"]
+    ran = {r["mode"]: r["levers_ran"] for r in rows}
+    assert ran["new"]["packed"] and not ran["new"]["lora_no_upcast"] and not ran["new"]["lora_fused_layers"]
+    assert ran["new+lora-casts"]["lora_no_upcast"] and ran["new+fused-add"]["lora_fused_layers"] == 14
+    assert ran["new+all"]["lora_no_upcast"] and ran["new+all"]["lora_fused_layers"] == 14
+    assert max(r["loss"] for r in rows) == pytest.approx(min(r["loss"] for r in rows), rel=1e-2)
+    assert "within bf16 rounding" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_update.main(["--shape", "tiny", "--levers", "liger"])
+    assert "need a CUDA GPU" in capsys.readouterr().err
