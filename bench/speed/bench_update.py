@@ -14,6 +14,19 @@ copy, static_gib says how much of it was there before the update), MFU, and the 
     python bench/speed/bench_update.py --shape qwen3b --checkpointing --seqs 24 --mean-len 2048 --longest 8192 \
         --old-micro-batch 2 --budget 16384 32768 --reps 2      # new at 16384, new-32768 beside it
     python bench/speed/bench_update.py --shape tiny --seqs 8 --mean-len 60 --longest 120 --reps 1   # CPU check
+
+Levers (mcp_rl/training/kernels.py; bench/speed/attribute_update.py traces what they remove): `--levers lora-casts
+fused-add liger` times, alternating, `new` (packed, the first --budget) against new + each lever and new + all of
+them (no old mode unless --with-old), with the same LoRA start, so every row must print the same loss to bf16
+rounding. Each row records what actually ran (`levers_ran`: LoRA input casts skipped, LoRA layers fused, Liger's
+kernels applied and whether the RoPE function called is Liger's): Liger replaces RoPE module-wide, so the bench
+sets the function each mode should call before its update. Liger needs CUDA: asked for on a CPU the bench stops
+before timing anything, saying so. The LoRA levers need autocast (--precision bf16 on a CPU).
+
+    python bench/speed/bench_update.py --shape qwen3b --checkpointing --seqs 24 --mean-len 2048 --longest 8192 \
+        --budget 8192 --reps 2 --levers lora-casts fused-add liger --out $OUT/update_qwen3b_levers.jsonl
+    python bench/speed/bench_update.py --shape tiny --seqs 8 --mean-len 60 --longest 120 --reps 1 --precision bf16 \
+        --levers lora-casts fused-add                                          # CPU check of the lever modes
 """
 
 from __future__ import annotations
@@ -45,7 +58,10 @@ TINY = dict(SMOLLM2, vocab_size=500, hidden_size=64, intermediate_size=128, num_
             num_key_value_heads=2)
 
 
-def model_of(shape: str, device: str):
+LEVERS = {"lora-casts": "lora_no_upcast", "fused-add": "lora_fused_add", "liger": "liger_kernels"}
+
+
+def model_of(shape: str, device: str, dtype=None):
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
@@ -56,7 +72,44 @@ def model_of(shape: str, device: str):
         else:
             model = LlamaForCausalLM(LlamaConfig(**{"smollm2": SMOLLM2, "qwen3b": QWEN3B}.get(shape, TINY),
                                                  bos_token_id=1, eos_token_id=2, pad_token_id=2))
-    return model.to(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
+    dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def levers_ran(trainer) -> dict:
+    """What this trainer's update actually runs: packing and the fused head, and the levers (the LoRA ones need
+    autocast)."""
+    from mcp_rl.training import kernels
+
+    autocast = trainer.precision in ("bf16", "fp16")
+    fused = sum(kernels.fusable(m) for m in trainer.model.modules()) if trainer.lora_fused_add and autocast else 0
+    return {"packed": trainer.packed, "fused_head": trainer._fused,  # a failed probe (packing_works) turns packing off
+            "lora_no_upcast": trainer.lora_no_upcast and autocast, "lora_fused_layers": fused,
+            "liger": list(trainer.liger), "liger_rope": kernels.rope_is_liger(trainer.model)}
+
+
+class Rope:
+    """Liger replaces the rotary function of the model's transformers module for every model of the type: kept
+    here per mode, set before each mode's update."""
+
+    def __init__(self, model):
+        import importlib
+
+        from mcp_rl.training.kernels import ROPE_MODULES
+
+        path = ROPE_MODULES.get(model.config.model_type)
+        self.module = importlib.import_module(path) if path else None
+        self.original = self.module.apply_rotary_pos_emb if self.module else None
+        self.by_mode: dict[str, object] = {}
+
+    def keep(self, mode: str, liger: bool) -> None:  # right after building the mode's trainer
+        if self.module:
+            self.by_mode[mode] = self.module.apply_rotary_pos_emb if liger else self.original
+            self.module.apply_rotary_pos_emb = self.original
+
+    def use(self, mode: str) -> None:
+        if self.module:
+            self.module.apply_rotary_pos_emb = self.by_mode[mode]
 
 
 def step_seqs(n: int, mean_len: int, longest: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -93,13 +146,14 @@ def update(trainer, seqs: list[dict]) -> dict:
     t0 = time.perf_counter()
     constant, total, batches = trainer.max_seq_len * len(seqs), 0.0, trainer._micro_batches(seqs)
     trainer.model.train()
-    for batch in batches:
-        new, old, mask = trainer._logprobs(batch)
-        adv = torch.tensor([s["adv"] for s in batch], device=trainer.device)
-        loss = grpo_loss(new, old, adv, mask, kind="dr_grpo", constant=constant)
-        trainer._backward(loss)
-        total += float(loss.detach())
-    grad_norm = trainer._update(trainer.optimizer)
+    with trainer.levers():
+        for batch in batches:
+            new, old, mask = trainer._logprobs(batch)
+            adv = torch.tensor([s["adv"] for s in batch], device=trainer.device)
+            loss = grpo_loss(new, old, adv, mask, kind="dr_grpo", constant=constant)
+            trainer._backward(loss)
+            total += float(loss.detach())
+        grad_norm = trainer._update(trainer.optimizer)
     trainer.model.eval()
     if cuda:
         torch.cuda.synchronize()
@@ -109,6 +163,36 @@ def update(trainer, seqs: list[dict]) -> dict:
             "micro_batches": len(batches), "loss": total, "grad_norm": grad_norm,
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "static_gib": round(static, 2) if cuda else None}
+
+
+def lever_table(timed: dict[str, list[dict]]) -> str:
+    """Mean seconds, tokens/s, MFU, the update's own peak, the loss and what ran, a row per mode; speedup and the
+    loss's relative difference against `new`."""
+    lines = ["| mode | s | x new | tokens/s | MFU | peak over static GiB | loss | rel. diff | levers ran |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ref = timed.get("new") or []
+    ref_s = sum(r["seconds"] for r in ref) / len(ref) if ref else None
+    worst = 0.0
+    for mode, rs in timed.items():
+        if not rs:
+            lines.append(f"| {mode} | failed | | | | | | | |")
+            continue
+        s = sum(r["seconds"] for r in rs) / len(rs)
+        peak = max((r["peak_gib"] or 0) - (r["static_gib"] or 0) for r in rs) if rs[0]["peak_gib"] is not None else None
+        diff = abs(rs[0]["loss"] - ref[0]["loss"]) / max(abs(ref[0]["loss"]), 1e-12) if ref else float("nan")
+        worst = max(worst, diff) if mode != "old" else worst
+        ran = rs[0]["levers_ran"]
+        said = ", ".join([*([] if ran["packed"] or mode == "old" else ["NOT PACKED"]),
+                          *(["no-upcast"] if ran["lora_no_upcast"] else []),
+                          *([f"fused {ran['lora_fused_layers']} LoRA"] if ran["lora_fused_layers"] else []),
+                          *([f"liger {'+'.join(ran['liger'])} (rope {'liger' if ran['liger_rope'] else 'hf'})"]
+                            if ran["liger"] else [])]) or "none"
+        lines.append(f"| {mode} | {s:.2f} | {ref_s / s if ref_s else float('nan'):.2f}x | "
+                     f"{sum(r['tokens_per_s'] for r in rs) / len(rs):,.0f} | {sum(r['mfu'] for r in rs) / len(rs):.1%} | "
+                     f"{'-' if peak is None else f'{peak:.2f}'} | {rs[0]['loss']:.6g} | {diff:.1e} | {said} |")
+    lines.append(f"largest relative loss difference from new: {worst:.1e} "
+                 f"({'within' if worst <= 1e-2 else 'OVER'} bf16 rounding, 1e-2)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,33 +210,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-micro-batch", type=int, default=8, help="old: sequences a micro-batch (pre-registered 8)")
     ap.add_argument("--budget", type=int, nargs="+", default=[16384],
                     help="new: tokens of a micro-batch's packed rows; several: a mode new-B for each after the first")
+    ap.add_argument("--levers", nargs="*", default=[], choices=list(LEVERS),
+                    help="time new + each lever and new + all of them beside new (mcp_rl/training/kernels.py)")
+    ap.add_argument("--with-old", action="store_true", help="with --levers: the old padded mode too")
+    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp16", "fp32"),
+                    help="the trainer's (auto: bf16 on an H100, fp32 on a CPU); the model's weights follow it")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None, help="rows as JSONL")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    base = model_of(args.shape, device)
+    if "liger" in args.levers and device != "cuda":
+        ap.error("--levers liger: Liger-Kernel's kernels need a CUDA GPU and there is none here (leave liger out)")
+    from mcp_rl.training.portable import resolve_precision
+
+    precision = resolve_precision(args.precision, torch.device(device))
+    base = model_of(args.shape, device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32))
     seqs = step_seqs(args.seqs, args.mean_len, args.longest, base.config.vocab_size)
-    trainers = {}
+    n_params = sum(p.numel() for p in base.parameters())
     budgets = {"old": 0, "new": args.budget[0], **{f"new-{b}": b for b in args.budget[1:]}}
-    for mode, budget in budgets.items():
+    switches = {m: {} for m in budgets}
+    if args.levers:  # new against new + each lever and new + all: one budget, the old mode on request
+        budgets = {**({"old": 0} if args.with_old else {}), "new": args.budget[0]}
+        switches = {m: {} for m in budgets}
+        combos = [[lv] for lv in args.levers] + ([list(args.levers)] if len(args.levers) > 1 else [])
+        for combo in combos:
+            mode = "new+" + ("all" if len(combo) > 1 else combo[0])
+            budgets[mode], switches[mode] = args.budget[0], {LEVERS[lv]: True for lv in combo}
+    rope = Rope(base)
+    trainers = {}
+    for i, (mode, budget) in enumerate(budgets.items()):
         torch.manual_seed(1)  # the same LoRA initialisation
         tok = types.SimpleNamespace(pad_token_id=0)  # no text: the sequences are token ids already
-        policy = types.SimpleNamespace(model=copy.deepcopy(base), tokenizer=tok, step=0)
+        model = copy.deepcopy(base) if i < len(budgets) - 1 else base  # the last mode takes the original
+        policy = types.SimpleNamespace(model=model, tokenizer=tok, step=0)
         trainers[mode] = PortableTrainer(
-            policy, learning_rate=2e-4, lora_r=16, lora_alpha=32, max_seq_len=8192, precision="auto",
+            policy, learning_rate=2e-4, lora_r=16, lora_alpha=32, max_seq_len=8192, precision=precision,
             micro_batch_size=args.old_micro_batch, micro_batch_tokens=budget,
-            packed=mode != "old", gradient_checkpointing=args.checkpointing)
+            packed=mode != "old", gradient_checkpointing=args.checkpointing, **switches[mode])
         trainers[mode].tokenizer = policy.tokenizer
+        rope.keep(mode, bool(trainers[mode].liger))
+    del base, model
     print(f"{args.shape}: {len(seqs)} sequences, {sum(len(s['ids']) for s in seqs)} tokens, "
           f"{sum(sum(s['mask']) for s in seqs)} trained, longest {max(len(s['ids']) for s in seqs)}; "
           f"packed {trainers['new'].packed}, fused head {trainers['new']._fused}", flush=True)
     # Model FLOPs utilisation by the usual convention: 6 x parameters per trained-over token (forward and
     # backward; attention's own FLOPs and checkpointing's recompute not counted), over the GPU's dense peak.
-    n_params = sum(p.numel() for p in base.parameters())
     rows = []
     for rep in range(args.reps + 1):  # rep 0 warms up (Triton and cuBLAS autotuning)
         for mode in (list(budgets) if rep % 2 == 0 else list(budgets)[::-1]):
             state = {n: p.detach().clone() for n, p in trainers[mode].model.named_parameters() if p.requires_grad}
+            rope.use(mode)
+            ran = levers_ran(trainers[mode])
             try:
                 result = update(trainers[mode], seqs)
             except torch.OutOfMemoryError as e:  # a miss to report, not a crash: the other mode still runs
@@ -161,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
             if "seconds" in result:
                 result["mfu"] = round(6 * n_params * result["tokens"] / result["seconds"] / (args.peak_tflops * 1e12), 4)
-            row = {"shape": args.shape, "rep": rep, "mode": mode, "warmup": rep == 0, **result,
+            row = {"shape": args.shape, "rep": rep, "mode": mode, "warmup": rep == 0, **result, "precision": precision,
+                   "checkpointing": args.checkpointing, "budget": budgets[mode], "levers_ran": ran,
                    "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
             with torch.no_grad():  # back to the same weights: every update starts from the same LoRA
                 for n, p in trainers[mode].model.named_parameters():
@@ -170,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     timed = {m: [r for r in rows if r["mode"] == m and not r["warmup"] and "error" not in r] for m in budgets}
-    for m in (m for m in budgets if m != "old" and timed[m] and timed["old"]):
+    if args.levers:
+        print(lever_table(timed), flush=True)
+    for m in (m for m in budgets if m != "old" and timed[m] and timed.get("old")):
         mean = {k: sum(r["seconds"] for r in timed[k]) / len(timed[k]) for k in ("old", m)}
         peak = {k: max((r["peak_gib"] or 0) - (r["static_gib"] or 0) for r in timed[k]) for k in ("old", m)}
         mfu = {k: sum(r["mfu"] for r in timed[k]) / len(timed[k]) for k in ("old", m)}

@@ -127,7 +127,8 @@ def build_trainer(cfg: Config, *, model: tuple[Any, Any] | None = None) -> Train
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                            loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
                            gradient_checkpointing=t.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens,
-                           packed=t.packed)
+                           packed=t.packed, lora_no_upcast=t.lora_no_upcast, lora_fused_add=t.lora_fused_add,
+                           liger_kernels=t.liger_kernels)
 
 
 __all__ = ["Trainer", "open_server", "rollout_config", "check_tools", "check_install", "build_trainer"]

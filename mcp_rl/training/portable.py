@@ -41,7 +41,7 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 from mcp_rl.scale import distributed
 from mcp_rl.policies.chat_templates import art_tokenizer, art_tokenizing
 from mcp_rl.training.checkpoint import Checkpoints
-from mcp_rl.training import packing
+from mcp_rl.training import kernels, packing
 from mcp_rl.training.loss import LOSSES, backbone_and_head, chunked_logprobs, grpo_loss, off_policy_stats
 from mcp_rl.training.sft import WarmStart
 
@@ -92,7 +92,8 @@ class PortableTrainer(WarmStart, Checkpoints):
                  loss: str = "dr_grpo", micro_batch_size: int = 4, max_seq_len: int = 2048,
                  max_grad_norm: float = 1.0, precision: str = "auto", epsilon: float = 0.2,
                  weight_decay: float = 0.0, gradient_checkpointing: bool = False, micro_batch_tokens: int = 0,
-                 packed: bool = False):
+                 packed: bool = False, lora_no_upcast: bool = False, lora_fused_add: bool = False,
+                 liger_kernels: bool = False):
         import peft
 
         for attr in ("model", "tokenizer"):
@@ -144,6 +145,10 @@ class PortableTrainer(WarmStart, Checkpoints):
         self.sft_steps = 0
         self._lock = threading.Lock()  # one update at a time, also across `train` threads
         self._keep_logits = "logits_to_keep" in inspect.signature(model.get_base_model().forward).parameters
+        # Speed levers (kernels.py): during the update LoRA inputs left in the autocast dtype, LoRA's scaled add
+        # inside its product; Liger's kernels in the model (CUDA only: an error elsewhere; `liger` lists them).
+        self.lora_no_upcast, self.lora_fused_add = bool(lora_no_upcast), bool(lora_fused_add)
+        self.liger = kernels.apply_liger(model) if liger_kernels else []
         self._split = backbone_and_head(model.get_base_model())
         self.packed = packed
 
@@ -165,6 +170,11 @@ class PortableTrainer(WarmStart, Checkpoints):
             dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
             return torch.autocast(device_type=self.device.type, dtype=dtype)
         return contextlib.nullcontext()
+
+    def levers(self) -> contextlib.AbstractContextManager:
+        """The update's forward/backward passes run inside this (kernels.update_levers: only under autocast)."""
+        return kernels.update_levers(self.model, autocast=self.precision in ("bf16", "fp16"),
+                                     no_upcast=self.lora_no_upcast, fused_add=self.lora_fused_add)
 
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -305,7 +315,9 @@ class PortableTrainer(WarmStart, Checkpoints):
                 constant = self.max_seq_len * len(seqs) if self.loss == "dr_grpo" else len(seqs)
                 was_training = self.model.training
                 self.model.train()
+                levers = contextlib.ExitStack()
                 try:
+                    levers.enter_context(self.levers())
                     # Under torch.distributed every rank holds the whole step (mcp_rl/scale/distributed.py):
                     # each backpropagates its share, normalised by the whole step's `constant`.
                     where = ""  # the first micro-batch whose gradient was not finite, for the warning
@@ -334,6 +346,7 @@ class PortableTrainer(WarmStart, Checkpoints):
                         metrics["logprob_gap"], metrics["clip_fraction"] = gap[0] / gap[2], gap[1] / gap[2]
                     metrics["grad_norm"] = self._update(self.optimizer, where)
                 finally:
+                    levers.close()
                     self.model.train(was_training)
                 self.step += 1
                 self.policy.step = self.step
