@@ -43,8 +43,10 @@ class Piece:
 
 
 def tree_bytes(root: Path) -> int:
-    """Bytes of every tracked file: what each call carries besides the bundle."""
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True).stdout
+    """Bytes of the working tree a call carries besides the bundle: tracked files and untracked ones git does not
+    ignore (a call carries those too)."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
     return sum((root / f).stat().st_size for f in out.split("\0") if f and (root / f).is_file())
 
 

@@ -48,9 +48,10 @@ import bundle_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / ".dev" / "gpu"
-# On the box already (the torch side), or too large to carry and present there.
+# On the box already (the torch side), or too large to carry and present there; pandas (12 MB) only because
+# sqlite_utils imports it when this venv happens to have it (optional there; the box ran without it, session 19).
 SKIP = re.compile(r"^(torch|nvidia-.*|triton|transformers|peft|accelerate|tokenizers|safetensors|"
-                  r"huggingface-hub|hf-xet|numpy|pillow|jinja2|markupsafe|setuptools|pip|mcp-rl)$")
+                  r"huggingface-hub|hf-xet|numpy|pillow|jinja2|markupsafe|setuptools|pip|mcp-rl|pandas)$")
 # What a run imports, listed as distributions (the server's HTTP stack imported too).
 PROBE = """
 import importlib, importlib.metadata as md, sys
