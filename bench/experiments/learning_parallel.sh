@@ -7,7 +7,7 @@
 # so an 80 GB H100 holds one Gemma run (three side by side ran out of memory there, section 14) and an H200 two. The last thing a
 # call does is write $OUT/learning.tgz: wait for that file (`pgrep -f` also matches the waiting command).
 #
-# On the GPU box, from the repo root, after .dev/gpu/setup.sh (bench/RESULTS.md):
+# On the GPU box, from the repo root, after the bundle's calls, each followed by .dev/gpu/setup.sh (bench/RESULTS.md):
 #   bash bench/experiments/learning_parallel.sh DEADLINE_S RUN [RUN ...]
 #   RUN = name:config:seed[:FIELD=VALUE,FIELD=VALUE...]
 #   A RUN named <name>-imitation is run <name>'s imitation baseline (issue 40, learning_proof.py --baseline
@@ -21,7 +21,7 @@
 # every run whose folder $LP_RUNS/<name> (default /tmp/runs/<name>) exists; a finished run is skipped. A machine
 # can be gone by the next call, so each paused run also leaves as $OUT/state/<name>.tgz.NN parts (bench/device/run_state.py:
 # its last checkpoint, its folder, its logs; 51.9 MiB for SmolLM2 in session 16): copy them into .dev/gpu/state/ here and carry that
-# folder to a fresh machine, whose .dev/gpu/setup.sh rebuilds the run folder. Logs go to $LP_RUNS/logs/<name>-<n>.log,
+# folder with setup.sh, in a call of its own, to a fresh machine, whose .dev/gpu/setup.sh rebuilds the run folder. Logs go to $LP_RUNS/logs/<name>-<n>.log,
 # finished runs' results (their logs as run-call<n>.log) to $LP_RUNS/results/<name>/, and this call's logs and
 # results to $OUT/learning.tgz: with the parts, at most the 8 files a call returns. LP_ARGS adds arguments to
 # every run (a CPU rehearsal: LP_ARGS="--random-weights TOKENIZER_DIR --random-shape tiny"). Where processes
