@@ -134,8 +134,7 @@ def cmd_eval(a) -> int:
                                   reward_cfg=cfg.reward, k=a.k, counterfactual=environment(cfg.server).counterfactual())
 
     result, _ = _with_server(cfg, go)
-    print(result.line() + (f" | pass@{result.k} {result.pass_at_k:.1%} | pass^{result.k} {result.pass_hat_k:.1%}"
-                           if result.pass_at_k is not None else ""))
+    print(result.line())
     if a.out:
         save_eval(Path(a.out), result)
         print(f"report: {write_report(a.out, [result], [])}")

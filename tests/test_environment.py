@@ -242,3 +242,14 @@ def test_an_environment_whose_turns_overflow_the_context_is_refused_when_configu
         Environment("long", server="x.py", max_turns=30).configure(cfg)
     roomy = Environment("long", server="x.py", max_turns=30).configure(Config())  # the default length: made room
     assert roomy.train.max_seq_len == 1024 + 30 * 256
+
+
+async def test_a_runs_evaluation_samples_eval_k_rollouts_a_task_for_pass_hat_k():
+    from mcp_rl.runs import pipeline
+    from mcp_rl.runs.config import Config, TrainConfig
+
+    env = cart_environment([], [])
+    cfg = Config(server_tools=["add", "cart"], train=TrainConfig(eval_k=3, eval_temperature=0.7))
+    s = Scenario(id="s", task="Buy x.", extra={"want": "x"})
+    result = await pipeline.evaluate_policy(buyer("x"), env, [s], cfg, "k", env=env)
+    assert result.k == 3 and len(result.rows) == 3 and result.pass_hat_k == 1.0

@@ -40,6 +40,15 @@ def test_pass_hat_k_counts_tasks_solved_every_time():
     rows = [row("a", 1.0), row("a", 1.0), row("a", 1.0), row("b", 1.0), row("b", 1.0), row("b", 0.0)]
     r = summarize(rows, "k")  # a: 3 of 3, b: 2 of 3; pass^3 = (1 + 0) / 2
     assert r.k == 3 and r.pass_hat_k == pytest.approx(0.5) and r.pass_at_k == pytest.approx(1.0)
+    assert r.line().endswith("| pass@3 100.0% | pass^3 50.0%")
+
+
+def test_k_rollouts_a_scenario_need_sampling():
+    from mcp_rl.runs.config import TrainConfig
+
+    assert TrainConfig(eval_k=4, eval_temperature=0.7).eval_k == 4
+    with pytest.raises(ValueError, match="k > 1 needs train.eval_temperature > 0"):
+        TrainConfig(eval_k=4)
 
 
 def test_empty_rows_is_a_clear_error():

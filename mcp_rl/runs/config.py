@@ -100,6 +100,8 @@ class TrainConfig:
     eval_scenarios: int = _f(32, "held-out (test split) scenarios evaluated before and after training")
     eval_warm_start: bool = _f(True, "also evaluate the warm-start-only policy (RL vs supervised on the same scenarios)")
     eval_temperature: float = _f(0.0, "sampling temperature for evaluation (0 = greedy)")
+    eval_k: int = _f(1, "rollouts per held-out scenario in each evaluation: k > 1 reports pass@k and τ²-bench's "
+                     "pass^k (all k succeed), sampled at eval_temperature > 0")
     seed: int = _f(0, "seed for scenario order and sampling")
     deadline_s: float = _f(0.0, "wall-clock seconds this process may take (counted from when mcp_rl.runs.callbacks was "
                            "imported: model load included); GRPO steps stop while one more step, its held-out "
@@ -122,6 +124,9 @@ class TrainConfig:
             raise ValueError(f"train.loss must be 'dr_grpo' or 'grpo', got {self.loss!r}")
         if self.group_size < 2:
             raise ValueError(f"train.group_size must be >= 2: GRPO compares rollouts of one scenario (got {self.group_size})")
+        if self.eval_k < 1 or (self.eval_k > 1 and self.eval_temperature <= 0):
+            raise ValueError(f"train.eval_k must be >= 1, and k > 1 needs train.eval_temperature > 0 (k greedy rollouts "
+                             f"are one rollout k times), got eval_k={self.eval_k}, eval_temperature={self.eval_temperature}")
         if self.micro_batch_tokens < 0:
             raise ValueError(f"train.micro_batch_tokens must be >= 0 (0 = off), got {self.micro_batch_tokens}")
         for name in ("lora_no_upcast", "lora_fused_add", "liger_kernels"):  # switches of the transformers-loaded portable trainer only

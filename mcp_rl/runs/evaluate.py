@@ -58,7 +58,9 @@ class EvalResult:
         return (f"{self.label}: grounded success {self.grounded_rate:.1%} ± {self.grounded_se:.1%} "
                 f"| correct answers {self.success_rate:.1%} (n={self.n}) "
                 f"| reward {self.mean_reward:.3f} | completed {self.completed_rate:.0%} "
-                f"| turns {self.mean_turns:.1f} | tool errors {self.mean_tool_errors:.2f}")
+                f"| turns {self.mean_turns:.1f} | tool errors {self.mean_tool_errors:.2f}"
+                + (f" | pass@{self.k} {self.pass_at_k:.1%} | pass^{self.k} {self.pass_hat_k:.1%}"
+                   if self.pass_at_k is not None and self.pass_hat_k is not None else ""))
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:

@@ -76,7 +76,7 @@ async def evaluate_policy(policy, server, scenarios, cfg: Config, label: str, en
     rcfg = rollout_config(cfg, temperature=cfg.train.eval_temperature)
     with log_tool_calls(phase=f"eval {label}"):  # rows go to the run's log when one is open
         result, _ = await evaluate(policy, server, scenarios, label=label, rollout_cfg=rcfg, reward_cfg=cfg.reward,
-                                  counterfactual=_env(cfg, env).counterfactual())
+                                  k=cfg.train.eval_k, counterfactual=_env(cfg, env).counterfactual())
     _log(result.line())
     return result
 
