@@ -120,7 +120,7 @@ class Environment:
         if self.system_prompt is not None:
             cfg.rollout = dataclasses.replace(cfg.rollout, system_prompt=self.system_prompt)
         if self.max_turns is not None:
-            from mcp_rl.runs.config import PROMPT_TOKENS, TrainConfig, check_episode_fits
+            from mcp_rl.runs.train_config import PROMPT_TOKENS, TrainConfig, check_episode_fits
 
             cfg.rollout = dataclasses.replace(cfg.rollout, max_turns=self.max_turns)
             need = PROMPT_TOKENS + cfg.rollout.max_turns * cfg.rollout.max_tokens

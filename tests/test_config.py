@@ -2,7 +2,8 @@
 
 import pytest
 
-from mcp_rl.runs.config import PROMPT_TOKENS, Config, TrainConfig, apply_overrides, load_config, preset
+from mcp_rl.runs.config import Config, TrainConfig, apply_overrides, load_config, preset
+from mcp_rl.runs.train_config import PROMPT_TOKENS
 
 
 def test_presets_are_variants_of_one_dataclass():

@@ -41,6 +41,7 @@ from art.rewards.ruler import DEFAULT_RUBRIC
 # command above, which imports this file as a top-level module, still works.
 from mcp_rl.rewards.counterfactual import Replayer, replay_lookups
 from mcp_rl.rewards.evidence import evidence
+from mcp_rl.fields import described as _f
 from mcp_rl.rewards.verify import verify_answer
 
 log = logging.getLogger(__name__)
@@ -74,10 +75,6 @@ def format_reward(metrics: Mapping[str, Any], *, malformed_penalty: float = 0.25
 
 
 # ---------------------------------------------------------------- configuration
-def _f(default: Any, help: str):
-    if isinstance(default, dict):
-        return field(default_factory=dict, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 COMPONENTS = ("verified", "ruler", "efficiency", "format")
