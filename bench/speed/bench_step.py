@@ -162,7 +162,9 @@ async def bench(args) -> list[dict]:
                            "peak_rollout_gib": rec.get("gpu_peak_gib_before_update"),
                            "peak_update_gib": rec.get("gpu_peak_gib_update"),
                            "groups_trained": rec.get("groups_trained"), "shape": args.shape if args.random_weights else None,
-                           "precision": cfg.train.precision, "memory_cap_gib": args.memory_cap_gib or None}
+                           "precision": cfg.train.precision, "memory_cap_gib": args.memory_cap_gib or None,
+                           # where the rollouts' seconds went (LocalPolicy.decode_stats over this step)
+                           "decode": rec.get("decode")}
                     row["update_seconds"] = round(row["seconds"] - row["rollout_seconds"], 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
