@@ -6,10 +6,11 @@ sampled tokens each and no row stopping early (a base model's worst case). Modes
   base         no LoRA, CUDA graph (what the decode costs without an adapter)
   eager        LoRA r=16 on every linear layer (as the learning configs), no graph
   lora         the same with the graph: what rollouts run today
-  lora+levers  and under bf16 autocast with the update's LoRA levers (training/kernels.py: no float32 copy of
-               the input, the scaled add inside one addmm)
-  lora+liger   and Liger's RMSNorm/SwiGLU/GeGLU/RoPE kernels patched in (training/kernels.apply_liger)
-  lora+all     both
+  lora+fused   LocalPolicy(fused_lora=True): the LoRA factors in the weights' dtype, the scaled add in one
+               addmm (training/kernels.lora_sampling)
+  lora+levers  instead, bf16 autocast with the update's LoRA levers (training/kernels.update_levers)
+  lora+liger   the lora mode with Liger's RMSNorm/SwiGLU/GeGLU/RoPE kernels patched in (kernels.apply_liger)
+  lora+fused+liger  both
 Each reports:
   whole     LocalPolicy._generate as rollouts call it: prefill seconds, decode milliseconds a step
   forward   the decoder's one-token step alone (decoder.Decoder.step: the graph replay or the eager forward)
@@ -19,7 +20,7 @@ Each reports:
   host      whole - forward - sampling: the loop's own overhead (stop-string checks, syncs every 8 steps)
 
     python bench/speed/profile_decode.py --shape gemma3-270m --rows 192 --width 2048 --new 128 --out $OUT/decode_gemma.txt
-    python bench/speed/profile_decode.py --shape tiny --rows 4 --width 64 --new 16 --modes base eager lora lora+levers
+    python bench/speed/profile_decode.py --shape tiny --rows 4 --width 64 --new 16 --modes base eager lora lora+fused
                                                                                    # CPU check (Liger needs CUDA)
 """
 
@@ -42,7 +43,7 @@ from mcp_rl.policies.decoder import Decoder  # noqa: E402
 from mcp_rl.policies.local_policy import LocalPolicy, _Request  # noqa: E402
 from mcp_rl.training import kernels  # noqa: E402
 
-MODES = ("base", "eager", "lora", "lora+levers", "lora+liger", "lora+all")
+MODES = ("base", "eager", "lora", "lora+fused", "lora+levers", "lora+liger", "lora+fused+liger")
 
 
 def word_tokenizer(vocab: int):
@@ -116,7 +117,7 @@ def profile(policy: LocalPolicy, reqs: list[_Request], new: int, mode: str) -> d
         ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
         keep[i, width - len(r.prompt_ids):] = True
     ids, keep = ids.to(device), keep.to(device)
-    with torch.inference_mode():
+    with torch.inference_mode(), kernels.lora_sampling(policy.model, on=policy.fused_lora):
         decoder = Decoder(policy.model, ids, keep, width + new, cuda_graph=graph and device.type == "cuda")
         logits, _ = decoder.prefill(0)
         tok = logits.argmax(-1)
@@ -157,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             from peft import LoraConfig, get_peft_model
 
             policy.model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
-        if ("liger" in mode or mode == "lora+all") and not liger:
+        policy.fused_lora = "fused" in mode
+        if "liger" in mode and not liger:
             liger = bool(kernels.apply_liger(policy.model))
-        levers = mode in ("lora+levers", "lora+all")
+        levers = mode == "lora+levers"
         with contextlib.ExitStack() as stack:
             if levers:  # as the update: the LoRA levers need autocast (no weight cache: graphs capture the casts)
                 stack.enter_context(torch.autocast(device, torch.bfloat16, cache_enabled=False))

@@ -1,8 +1,10 @@
-"""Speed levers of the GRPO update (issue [speed]): switches on the model the trainer builds, each off by default.
+"""Speed levers of the GRPO update and of sampling (issue [speed]): switches on the model the trainer builds.
 
     with update_levers(model, autocast=True, no_upcast=True, fused_add=True):   # around the update's passes
         ...forward / backward...
     applied = apply_liger(model)              # CUDA: Liger-Kernel's RMSNorm, SwiGLU/GeGLU and RoPE in place
+    with lora_sampling(model, on=True):       # around a batched decode (LocalPolicy's fused_lora)
+        ...
 
 Why (bench/HISTORY.md section 24; bench/speed/attribute_update.py traces it): half the GPU time of the packed
 Qwen2.5-3B-shape update was elementwise kernels, a fifth of it dtype copies. peft keeps LoRA weights in float32
@@ -85,6 +87,41 @@ def lora_fused_add(model: Any, *, on: bool) -> Iterator[int]:
     finally:
         for m in layers:
             del m.forward
+
+
+def _sampling_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`_fused_forward` for sampling (no grad, no autocast): the LoRA factors are copies in the base output's
+    dtype (`lora_sampling`), so the adapter costs a decode step two products, not peft's six kernels (a float32
+    copy of the input, two float32 products, the scale, the add, the cast back)."""
+    rows = x.reshape(-1, x.shape[-1])
+    result = self.base_layer(rows, *args, **kwargs)
+    a, b, scale = self._mcp_rl_sampling
+    result.addmm_(rows.to(a.dtype) @ a.t(), b.t(), alpha=scale)
+    return result.view(*x.shape[:-1], result.shape[-1])
+
+
+@contextlib.contextmanager
+def lora_sampling(model: Any, *, on: bool) -> Iterator[int]:
+    """While active with `on` (sampling only: no gradients flow): every `fusable` LoRA layer runs `_sampling_forward`
+    with its LoRA factors copied, at entry, to its base layer's weight dtype. A small model's batched decode step is
+    kernel launches, not arithmetic (bench/speed/profile_decode.py), and peft's float32 adapter path is a third of
+    them. On a GPU the factors are then bf16, as the update's autocast rounds them; on a CPU's float32 the same
+    products as peft's. Yields how many layers it changed."""
+    layers = [m for m in model.modules() if fusable(m)] if on else []
+    for m in layers:
+        name = m.active_adapters[0]
+        dtype = m.base_layer.weight.dtype
+        if not dtype.is_floating_point or (m.training and not isinstance(m.lora_dropout[name], torch.nn.Identity)):
+            continue  # a quantized base layer, or a dropout that would act: peft's own path
+        m._mcp_rl_sampling = (m.lora_A[name].weight.detach().to(dtype), m.lora_B[name].weight.detach().to(dtype),
+                              m.scaling[name])
+        m.forward = _sampling_forward.__get__(m)
+    try:
+        yield sum(hasattr(m, "_mcp_rl_sampling") for m in layers)
+    finally:
+        for m in layers:
+            if hasattr(m, "_mcp_rl_sampling"):
+                del m.forward, m._mcp_rl_sampling
 
 
 @contextlib.contextmanager

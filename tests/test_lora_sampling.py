@@ -1,0 +1,118 @@
+"""Sampling through LoRA layers as two products with the scaled add fused (training/kernels.lora_sampling,
+LocalPolicy(fused_lora=True)): the same logits as peft's path, fewer ops a decode step, nothing left patched."""
+
+import asyncio
+import collections
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mcp_rl.policies.local_policy import LocalPolicy
+from mcp_rl.policies.models import load_local_tokenizer, tiny_llama
+from mcp_rl.training import kernels
+from test_local_policy import CONVERSATIONS, ids_of
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_local_tokenizer()
+
+
+def lora_model(tok, dtype=torch.float32):
+    """The tiny Llama with LoRA on every linear layer and lora_B moved off zero, so the adapter changes the logits."""
+    model = get_peft_model(tiny_llama(tok), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")).to(dtype)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    return model.eval()
+
+
+VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "t", "transpose", "unsqueeze", "squeeze",
+         "slice", "select", "permute", "alias", "as_strided", "detach", "detach_", "split", "unbind", "to"}
+
+
+class Ops(TorchDispatchMode):
+    """Counts the aten ops that compute (a kernel each on a GPU); views and float32-to-float32 `to`s are left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name not in VIEWS:
+            self.count[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_fused_sampling_gives_peft_logits_with_fewer_ops_and_restores_the_layers(tok):
+    model = lora_model(tok)
+    ids = torch.tensor([tok.encode("a question about the company", add_special_tokens=False)])
+    with torch.inference_mode():
+        base = model.get_base_model()
+        with model.disable_adapter():
+            plain = base(ids).logits
+        with Ops() as peft_ops:
+            want = model(ids).logits
+        with kernels.lora_sampling(model, on=True) as layers, Ops() as fused_ops:
+            got = model(ids).logits
+        again = model(ids).logits
+    assert layers == 2 * 7  # every projection of both layers
+    assert not torch.allclose(want, plain, atol=1e-3)  # the adapter matters here
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # peft: two products, the scale and the add a layer; fused: the two products (the scale and add in the second)
+    assert sum(peft_ops.count.values()) - sum(fused_ops.count.values()) == 2 * layers
+    assert torch.equal(again, want) and not any(hasattr(m, "_mcp_rl_sampling") or "forward" in vars(m)
+                                                 for m in model.modules())
+
+
+def test_off_or_training_dropout_leaves_peft_path(tok):
+    model = lora_model(tok)
+    with kernels.lora_sampling(model, on=False) as layers:
+        assert layers == 0
+    drop = get_peft_model(tiny_llama(tok), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules="all-linear"))
+    drop.train()  # a dropout that acts is peft's to apply
+    with kernels.lora_sampling(drop, on=True) as layers:
+        assert layers == 0
+    drop.eval()
+    with kernels.lora_sampling(drop, on=True) as layers:
+        assert layers == 14
+
+
+def test_bf16_factors_round_as_the_update_autocast_does(tok):
+    """In bf16 the factors are bf16 copies (as the update's autocast casts them): logits within bf16 rounding of
+    peft's float32 adapter path, and the LoRA weights themselves untouched float32."""
+    model = lora_model(tok)
+    for m in model.modules():  # bf16 base weights, float32 LoRA: what the trainer builds on a GPU
+        if hasattr(m, "base_layer"):
+            m.base_layer.to(torch.bfloat16)
+    model.get_base_model().model.embed_tokens.to(torch.bfloat16)
+    model.get_base_model().model.norm.to(torch.bfloat16)
+    model.get_base_model().lm_head.to(torch.bfloat16)
+    for layer in model.get_base_model().model.layers:
+        layer.input_layernorm.to(torch.bfloat16)
+        layer.post_attention_layernorm.to(torch.bfloat16)
+    ids = torch.tensor([tok.encode("how many employees", add_special_tokens=False)])
+    with torch.inference_mode():
+        want = model(ids).logits.float()
+        with kernels.lora_sampling(model, on=True):
+            got = model(ids).logits.float()
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+async def test_a_fused_policy_samples_what_the_plain_one_does(tok):
+    """Greedy batched turns: the same tokens, log-probs equal to float32 rounding."""
+    model = lora_model(tok)
+    out = []
+    for fused in (False, True):
+        policy = LocalPolicy(model, tok, fused_lora=fused)
+        out.append(await asyncio.gather(*[policy.complete(m, [], max_tokens=8, temperature=0) for m in CONVERSATIONS]))
+    for plain, fused in zip(*out):
+        assert ids_of(fused) == ids_of(plain)
+        assert [t.logprob for t in fused.logprobs.content] == pytest.approx(
+            [t.logprob for t in plain.logprobs.content], abs=1e-4)
