@@ -14,7 +14,8 @@ only differences are the settings under test. Modes:
        update instead (mcp_rl/training/packing.py: sequences end to end in rows of MICRO_BATCH_TOKENS at most, the LM
        head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA); with
        --reuse-prefix each episode's KV cache kept between its turns (mcp_rl/policies/prefix_cache.py); since
-       session 21 new samples through fused LoRA layers (LocalPolicy's fused_lora, on by default), old through peft's
+       session 21 new samples through fused LoRA layers (LocalPolicy's fused_lora) and updates with the LoRA levers
+       (train.lora_no_upcast, lora_fused_add), both on by default; old runs peft's own paths
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
 scenarios in both modes from the same weights and counts rollouts whose tokens are identical
@@ -67,7 +68,10 @@ def set_mode(trainer, mode: dict) -> None:
     trainer.policy.batch_wait_s, trainer.policy.batch_gap_s = mode["batch_wait_s"], mode["batch_gap_s"]
     trainer.micro_batch_tokens, trainer.policy.hand_back = mode["micro_batch_tokens"], mode["hand_back"]
     trainer.packed = mode.get("packed", False)
-    trainer.policy.fused_lora = mode.get("fused_lora", False)  # on by default since session 21; old ran without
+    # On by default since session 21 (the sampler's fused LoRA layers, the update's LoRA levers); old ran without.
+    trainer.policy.fused_lora = mode.get("fused_lora", False)
+    if hasattr(trainer, "lora_fused_add"):
+        trainer.lora_no_upcast = trainer.lora_fused_add = mode.get("levers", False)
     # The cpu preset turns the KV reuse on (exact in float32 only): off unless this mode asks, a fresh cache if so.
     trainer.policy.prefix_cache = PrefixCache(int(1.5 * 2**30)) if mode.get("reuse_prefix") else None
     if trainer.packed != mode.get("packed", False):
@@ -120,7 +124,7 @@ async def bench(args) -> list[dict]:
                      "packed_gqa": False, "packed": False},
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
                      "hand_back": True, "packed_gqa": True, "packed": args.packed,
-                     "reuse_prefix": args.reuse_prefix, "fused_lora": True}}
+                     "reuse_prefix": args.reuse_prefix, "fused_lora": True, "levers": True}}
     modes = {k: v for k, v in modes.items() if k in args.modes}
     rows: list[dict] = []
     async with parts.open_server(cfg) as server:
