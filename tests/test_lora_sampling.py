@@ -2,17 +2,20 @@
 LocalPolicy(fused_lora=True)): the same logits as peft's path, fewer ops a decode step, nothing left patched."""
 
 import asyncio
-import collections
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mcp_rl.policies.local_policy import LocalPolicy
 from mcp_rl.policies.models import load_local_tokenizer, tiny_llama
 from mcp_rl.training import kernels
 from test_local_policy import CONVERSATIONS, ids_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "speed"))
+from profile_decode import Ops  # noqa: E402  (the op count the bench prints)
 
 
 @pytest.fixture(scope="module")
@@ -29,24 +32,6 @@ def lora_model(tok, dtype=torch.float32):
             if "lora_B" in name:
                 p.normal_(0, 0.5)
     return model.eval()
-
-
-VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "t", "transpose", "unsqueeze", "squeeze",
-         "slice", "select", "permute", "alias", "as_strided", "detach", "detach_", "split", "unbind", "to"}
-
-
-class Ops(TorchDispatchMode):
-    """Counts the aten ops that compute (a kernel each on a GPU); views and float32-to-float32 `to`s are left out."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if name not in VIEWS:
-            self.count[name] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def test_fused_sampling_gives_peft_logits_with_fewer_ops_and_restores_the_layers(tok):
@@ -116,3 +101,17 @@ async def test_a_fused_policy_samples_what_the_plain_one_does(tok):
         assert ids_of(fused) == ids_of(plain)
         assert [t.logprob for t in fused.logprobs.content] == pytest.approx(
             [t.logprob for t in plain.logprobs.content], abs=1e-4)
+
+
+def test_the_decode_profile_counts_fewer_ops_with_fused_layers(tmp_path):
+    """bench/speed/profile_decode.py on a CPU: a row per mode, the fused mode's step has fewer ops than LoRA's."""
+    import profile_decode
+
+    out = tmp_path / "decode.txt"
+    assert profile_decode.main(["--shape", "tiny", "--rows", "3", "--width", "24", "--new", "6",
+                                "--modes", "base", "lora", "lora+fused", "--out", str(out)]) == 0
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.read_text().splitlines()
+            if line.startswith("| ") and "mode" not in line}
+    assert list(rows) == ["base", "lora", "lora+fused"]
+    ops = {mode: int(cells[2]) for mode, cells in rows.items()}
+    assert ops["base"] < ops["lora+fused"] < ops["lora"]

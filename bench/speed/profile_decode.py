@@ -18,6 +18,9 @@ Each reports:
             the done checks), and beside it the exponential race (argmax of probs / Exp(1): the same
             distribution, no multinomial) with log-probs from one logsumexp (no vocabulary-wide log-softmax)
   host      whole - forward - sampling: the loop's own overhead (stop-string checks, syncs every 8 steps)
+  ops       aten ops of one eager decode step (views left out): a GPU launches about one kernel each, and a small
+            model's decode step costs about its launches (session 21: 8.5-9 ms for SmolLM2 and Gemma x192 and
+            Qwen2.5-3B x24 alike)
 
     python bench/speed/profile_decode.py --shape gemma3-270m --rows 192 --width 2048 --new 128 --out $OUT/decode_gemma.txt
     python bench/speed/profile_decode.py --shape tiny --rows 4 --width 64 --new 16 --modes base eager lora lora+fused
@@ -27,6 +30,7 @@ Each reports:
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import sys
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +49,23 @@ from mcp_rl.policies.local_policy import LocalPolicy, _Request  # noqa: E402
 from mcp_rl.training import kernels  # noqa: E402
 
 MODES = ("base", "eager", "lora", "lora+fused", "lora+levers", "lora+liger", "lora+fused+liger")
+
+
+class Ops(TorchDispatchMode):
+    """Counts the aten ops that compute (each a kernel on a GPU); views and `to`s (often no-ops) are left out."""
+
+    VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "t", "transpose", "unsqueeze", "squeeze",
+             "slice", "select", "permute", "alias", "as_strided", "detach", "detach_", "split", "unbind", "to"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name not in self.VIEWS:
+            self.count[name] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def word_tokenizer(vocab: int):
@@ -124,6 +146,8 @@ def profile(policy: LocalPolicy, reqs: list[_Request], new: int, mode: str) -> d
         column = iter(range(width, width + new))
         forward = timed(lambda: decoder.step(tok, next(column)), new - 2) / (new - 2)
         captured = decoder.graph is not None
+        with Ops() as ops:  # one eager step, counted (a graph replays the same kernels)
+            decoder._forward(decoder.step_ids, decoder.mask, decoder.smask, decoder.step_pos, 1)
 
         stops = torch.tensor(policy.stop_ids, device=device)
         tokens = torch.zeros((n, new), dtype=torch.long, device=device)
@@ -132,7 +156,7 @@ def profile(policy: LocalPolicy, reqs: list[_Request], new: int, mode: str) -> d
         for name, fn in (("today", sampling_today), ("race", sampling_race)):
             done = torch.zeros(n, dtype=torch.bool, device=device)
             sample[name] = timed(lambda: fn(logits, 1.0, stops, done, tokens, lps, 0), new) / new
-    return {"mode": mode, "captured": captured, "rows": n, "width": width,
+    return {"mode": mode, "captured": captured, "ops": sum(ops.count.values()), "rows": n, "width": width,
             "prefill_s": prefill, "steps": steps, "whole_ms": whole * 1e3, "forward_ms": forward * 1e3,
             "sampling_ms": sample["today"] * 1e3, "race_ms": sample["race"] * 1e3,
             "host_ms": (whole - forward - sample["today"]) * 1e3}
@@ -170,10 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     lines = [f"# profile_decode.py --shape {args.shape} --rows {args.rows} --width {args.width} --new {args.new} "
              f"on {name}", "",
-             "| mode | graph captured | prefill s | decode ms/step | forward ms | sampling ms (today) | "
-             "sampling ms (race) | host ms |", "|---|---|---|---|---|---|---|---|"]
+             "| mode | graph captured | ops a step | prefill s | decode ms/step | forward ms | sampling ms (today) | "
+             "sampling ms (race) | host ms |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['captured']} | {r['prefill_s']:.3f} | {r['whole_ms']:.2f} | "
+        lines.append(f"| {r['mode']} | {r['captured']} | {r['ops']} | {r['prefill_s']:.3f} | {r['whole_ms']:.2f} | "
                      f"{r['forward_ms']:.2f} | {r['sampling_ms']:.2f} | {r['race_ms']:.2f} | {r['host_ms']:.2f} |")
     text = "\n".join(lines)
     print(text, flush=True)
