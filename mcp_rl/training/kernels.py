@@ -104,9 +104,10 @@ def _sampling_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch
 def lora_sampling(model: Any, *, on: bool) -> Iterator[int]:
     """While active with `on` (sampling only: no gradients flow): every `fusable` LoRA layer runs `_sampling_forward`
     with its LoRA factors copied, at entry, to its base layer's weight dtype. A small model's batched decode step is
-    kernel launches, not arithmetic (bench/speed/profile_decode.py), and peft's float32 adapter path is a third of
-    them. On a GPU the factors are then bf16, as the update's autocast rounds them; on a CPU's float32 the same
-    products as peft's. Yields how many layers it changed."""
+    kernel launches, not arithmetic (bench/speed/profile_decode.py); LoRA on every linear layer is half of a
+    SmolLM2 step's ops, and a fused layer needs half of peft's (2,580 -> 1,950 a step). On a GPU the factors are
+    then bf16, as the update's autocast rounds them; on a CPU's float32 the same products as peft's. Yields how
+    many layers it changed."""
     layers = [m for m in model.modules() if fusable(m)] if on else []
     for m in layers:
         name = m.active_adapters[0]
