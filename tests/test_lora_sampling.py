@@ -3,6 +3,7 @@ LocalPolicy(fused_lora=True)): the same logits as peft's path, fewer ops a decod
 
 import asyncio
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,46 @@ def test_fused_sampling_gives_peft_logits_with_fewer_ops_and_restores_the_layers
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # peft: two products, the scale and the add a layer; fused: the two products (the scale and add in the second)
     assert sum(peft_ops.count.values()) - sum(fused_ops.count.values()) == 2 * layers
-    assert torch.equal(again, want) and not any(hasattr(m, "_mcp_rl_sampling") or "forward" in vars(m)
-                                                 for m in model.modules())
+    assert torch.equal(again, want) and not any("forward" in vars(m) for m in model.modules())
+
+
+def test_a_lever_acts_only_in_the_thread_that_entered_it(tok):
+    """A rollout thread decoding through fused layers while the main thread trains the same model (the tutorial's CI
+    run did): the training forward takes peft's path and every LoRA weight gets its gradient; and the update's fused
+    add, entered by the trainer, leaves a sampling thread on peft's path."""
+    model = lora_model(tok)
+    ids = torch.tensor([tok.encode("which department has the most employees", add_special_tokens=False)])
+    with Ops() as alone:
+        model(ids)
+    entered, leave, seen = threading.Event(), threading.Event(), {}
+
+    def sampler():
+        with torch.inference_mode(), kernels.lora_sampling(model, on=True) as layers:
+            seen["layers"] = layers
+            entered.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=sampler)
+    thread.start()
+    try:
+        assert entered.wait(30) and seen["layers"] == 14
+        with Ops() as ops:
+            logits = model(ids).logits
+        logits.float().pow(2).mean().backward()
+        assert ops.count == alone.count  # peft's own ops, not the sampler's
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters() if "lora_" in n)
+    finally:
+        leave.set()
+        thread.join()
+    assert not any("forward" in vars(m) for m in model.modules())
+
+    box = {}
+    with kernels.lora_fused_add(model, on=True) as fused:  # the trainer's lever; a sampler thread meanwhile
+        thread = threading.Thread(target=lambda: box.update(logits=model(ids).logits.detach()))
+        thread.start()
+        thread.join()
+    assert fused == 14 and torch.equal(box["logits"], model(ids).logits.detach())
+    assert not any("forward" in vars(m) for m in model.modules())
 
 
 def test_off_or_training_dropout_leaves_peft_path(tok):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from typing import Any, Iterator
 
 import torch
@@ -49,7 +50,7 @@ def lora_input_casts(model: Any, *, off: bool) -> Iterator[None]:
         yield
 
 
-def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _fused_forward(self, state: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """peft's vanilla LoRA Linear forward (one active adapter, not merged, no bias on lora_B) with the scaled add
     inside the product, in place on the base output: an out-of-place addmm would first copy it (cuBLAS and the
     CPU both do), and the base matmul keeps no output for its backward. On 2-D rows, so the in-place op is on
@@ -62,6 +63,45 @@ def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Te
     low = self.lora_A[name](self.lora_dropout[name](rows))
     result.addmm_(low.to(result.dtype), self.lora_B[name].weight.to(result.dtype).t(), alpha=self.scaling[name])
     return result.view(*x.shape[:-1], result.shape[-1])
+
+
+# A lever's forward acts only in the thread that entered it: a rollout thread may decode while the main thread
+# trains the same model (the tutorial's CI run did: a warm-start step went through the sampler's detached copies).
+# Each thread keeps {id(layer): (forward, state)}; a layer's `_dispatch` runs its thread's entry, else peft's own.
+_ACTIVE = threading.local()
+_LOCK = threading.Lock()
+_USERS: dict[int, int] = {}  # id(layer) -> contexts (all threads) that installed `_dispatch` on it
+
+
+def _dispatch(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    entry = getattr(_ACTIVE, "layers", {}).get(id(self))
+    if entry is None:
+        return type(self).forward(self, x, *args, **kwargs)
+    forward, state = entry
+    return forward(self, state, x, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _installed(layers: list, forward: Any, states: list) -> Iterator[None]:
+    """`forward(layer, state, x, ...)` as each layer's forward in this thread, for the context's duration."""
+    if not hasattr(_ACTIVE, "layers"):
+        _ACTIVE.layers = {}
+    mine = _ACTIVE.layers
+    with _LOCK:
+        for m, state in zip(layers, states):
+            mine[id(m)] = (forward, state)
+            _USERS[id(m)] = _USERS.get(id(m), 0) + 1
+            m.forward = _dispatch.__get__(m)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for m in layers:
+                mine.pop(id(m), None)
+                _USERS[id(m)] -= 1
+                if not _USERS[id(m)]:
+                    del _USERS[id(m)]
+                    m.__dict__.pop("forward", None)
 
 
 def fusable(module: Any) -> bool:
@@ -77,52 +117,43 @@ def fusable(module: Any) -> bool:
 
 @contextlib.contextmanager
 def lora_fused_add(model: Any, *, on: bool) -> Iterator[int]:
-    """While active with `on`: every `fusable` LoRA layer runs `_fused_forward` (an instance attribute, removed
-    after). Yields how many layers it changed."""
+    """While active with `on`, in this thread: every `fusable` LoRA layer runs `_fused_forward`. Yields how many
+    layers it changed."""
     layers = [m for m in model.modules() if fusable(m)] if on else []
-    for m in layers:
-        m.forward = _fused_forward.__get__(m)
-    try:
+    with _installed(layers, _fused_forward, [None] * len(layers)):
         yield len(layers)
-    finally:
-        for m in layers:
-            del m.forward
 
 
-def _sampling_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _sampling_forward(self, state: tuple, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """`_fused_forward` for sampling (no grad, no autocast): the LoRA factors are copies in the base output's
     dtype (`lora_sampling`), so the adapter costs a decode step two products, not peft's six kernels (a float32
     copy of the input, two float32 products, the scale, the add, the cast back)."""
     rows = x.reshape(-1, x.shape[-1])
     result = self.base_layer(rows, *args, **kwargs)
-    a, b, scale = self._mcp_rl_sampling
+    a, b, scale = state
     result.addmm_(rows.to(a.dtype) @ a.t(), b.t(), alpha=scale)
     return result.view(*x.shape[:-1], result.shape[-1])
 
 
 @contextlib.contextmanager
 def lora_sampling(model: Any, *, on: bool) -> Iterator[int]:
-    """While active with `on` (sampling only: no gradients flow): every `fusable` LoRA layer runs `_sampling_forward`
-    with its LoRA factors copied, at entry, to its base layer's weight dtype. A small model's batched decode step is
-    kernel launches, not arithmetic (bench/speed/profile_decode.py); LoRA on every linear layer is half of a
-    SmolLM2 step's ops, and a fused layer needs half of peft's (2,580 -> 1,950 a step). On a GPU the factors are
-    then bf16, as the update's autocast rounds them; on a CPU's float32 the same products as peft's. Yields how
-    many layers it changed."""
-    layers = [m for m in model.modules() if fusable(m)] if on else []
-    for m in layers:
+    """While active with `on`, in this thread (sampling only: no gradients flow): every `fusable` LoRA layer runs
+    `_sampling_forward` with its LoRA factors copied, at entry, to its base layer's weight dtype. A small model's
+    batched decode step is kernel launches, not arithmetic (bench/speed/profile_decode.py); LoRA on every linear
+    layer is half of a SmolLM2 step's ops, and a fused layer needs half of peft's (2,580 -> 1,950 a step). On a
+    GPU the factors are then bf16, as the update's autocast rounds them; on a CPU's float32 the same products as
+    peft's. Yields how many layers it changed."""
+    layers, states = [], []
+    for m in (m for m in model.modules() if fusable(m)) if on else ():
         name = m.active_adapters[0]
         dtype = m.base_layer.weight.dtype
         if not dtype.is_floating_point or (m.training and not isinstance(m.lora_dropout[name], torch.nn.Identity)):
             continue  # a quantized base layer, or a dropout that would act: peft's own path
-        m._mcp_rl_sampling = (m.lora_A[name].weight.detach().to(dtype), m.lora_B[name].weight.detach().to(dtype),
-                              m.scaling[name])
-        m.forward = _sampling_forward.__get__(m)
-    try:
-        yield sum(hasattr(m, "_mcp_rl_sampling") for m in layers)
-    finally:
-        for m in layers:
-            if hasattr(m, "_mcp_rl_sampling"):
-                del m.forward, m._mcp_rl_sampling
+        layers.append(m)
+        states.append((m.lora_A[name].weight.detach().to(dtype), m.lora_B[name].weight.detach().to(dtype),
+                       m.scaling[name]))
+    with _installed(layers, _sampling_forward, states):
+        yield len(layers)
 
 
 @contextlib.contextmanager
