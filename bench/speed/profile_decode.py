@@ -19,8 +19,8 @@ Each reports:
             distribution, no multinomial) with log-probs from one logsumexp (no vocabulary-wide log-softmax)
   host      whole - forward - sampling: the loop's own overhead (stop-string checks, syncs every 8 steps)
   ops       aten ops of one eager decode step (views left out): a GPU launches about one kernel each, and a small
-            model's decode step costs about its launches (session 21: a forward step of 8.1-9.0 ms for SmolLM2 and Gemma x192 and
-            Qwen2.5-3B x24 alike)
+            model's decode step costs about its launches (session 21: a forward step of 8.1-9.0 ms for SmolLM2
+            and Gemma x192 and Qwen2.5-3B x24 alike)
 
     python bench/speed/profile_decode.py --shape gemma3-270m --rows 192 --width 2048 --new 128 --out $OUT/decode_gemma.txt
     python bench/speed/profile_decode.py --shape tiny --rows 4 --width 64 --new 16 --modes base eager lora lora+fused
