@@ -17,7 +17,8 @@ Each reports:
   sampling  today's sampling alone on logits of the batch's shape (log-softmax, softmax, multinomial,
             the done checks), and beside it the exponential race (argmax of probs / Exp(1): the same
             distribution, no multinomial) with log-probs from one logsumexp (no vocabulary-wide log-softmax)
-  host      whole - forward - sampling: the loop's own overhead (stop-string checks, syncs every 8 steps)
+  host      whole - forward - sampling: the loop's own overhead (stop-string checks, syncs every 8 steps); below
+            zero where the separately timed forward ran slower than inside the loop (eager runs)
   ops       aten ops of one eager decode step (views left out): a GPU launches about one kernel each, and a small
             model's decode step costs about its launches (session 21: a forward step of 8.1-9.0 ms for SmolLM2
             and Gemma x192 and Qwen2.5-3B x24 alike)

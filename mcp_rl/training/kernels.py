@@ -87,6 +87,7 @@ def _installed(layers: list, forward: Any, states: list) -> Iterator[None]:
     if not hasattr(_ACTIVE, "layers"):
         _ACTIVE.layers = {}
     mine = _ACTIVE.layers
+    before = {id(m): mine.get(id(m)) for m in layers}  # a context entered inside another gives it back on exit
     with _LOCK:
         for m, state in zip(layers, states):
             mine[id(m)] = (forward, state)
@@ -97,7 +98,10 @@ def _installed(layers: list, forward: Any, states: list) -> Iterator[None]:
     finally:
         with _LOCK:
             for m in layers:
-                mine.pop(id(m), None)
+                if before[id(m)] is None:
+                    mine.pop(id(m), None)
+                else:
+                    mine[id(m)] = before[id(m)]
                 _USERS[id(m)] -= 1
                 if not _USERS[id(m)]:
                     del _USERS[id(m)]
@@ -109,6 +113,9 @@ def fusable(module: Any) -> bool:
     from peft.tuners.lora.layer import Linear
 
     if type(module) is not Linear or module.merged or module.disable_adapters or len(module.active_adapters) != 1:
+        return False
+    own = vars(module).get("forward")  # someone else's per-instance forward (a hook) is left alone
+    if own is not None and getattr(own, "__func__", None) is not _dispatch:
         return False
     name = module.active_adapters[0]
     return (name in module.lora_A and name not in module.lora_variant and module.lora_B[name].bias is None
@@ -143,6 +150,8 @@ def lora_sampling(model: Any, *, on: bool) -> Iterator[int]:
     layer is half of a SmolLM2 step's ops, and a fused layer needs half of peft's (2,580 -> 1,950 a step). On a
     GPU the factors are then bf16, as the update's autocast rounds them; on a CPU's float32 the same products as
     peft's. Yields how many layers it changed."""
+    if on and torch.is_grad_enabled():  # the copies are detached: a forward with gradients would train nothing
+        raise RuntimeError("lora_sampling is for sampling: enter it under torch.inference_mode() or torch.no_grad()")
     layers, states = [], []
     for m in (m for m in model.modules() if fusable(m)) if on else ():
         name = m.active_adapters[0]
