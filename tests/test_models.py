@@ -91,6 +91,24 @@ def test_a_wrongly_converted_tokenizer_is_refused_and_not_cached(tmp_path, monke
     assert (tmp_path / SMOLLM2 / "model.safetensors").exists() and not (tmp_path / SMOLLM2 / "tokenizer.json").exists()
 
 
+@pytest.mark.timeout(600)
+def test_a_tokenizer_put_in_the_cache_by_hand_survives_the_cache_build(tmp_path, monkeypatch):
+    """The refusal above tells the user to put a right tokenizer in the cache folder; building the weights' cache
+    afterwards must keep it (it replaced the folder and lost it: a GPU session's Gemma bench stopped on that)."""
+    from transformers import AutoTokenizer
+
+    import mcp_rl.policies.models as models
+
+    monkeypatch.setenv("MCP_RL_CACHE", str(tmp_path))
+    by_hand = tmp_path / SMOLLM2
+    AutoTokenizer.from_pretrained(models._gguf_dir(SMOLLM2), gguf_file=EMBEDDED[SMOLLM2].gguf_file).save_pretrained(by_hand)
+    # The GGUF's own conversion counts as wrong here, the tokenizer read from the cache folder as right.
+    monkeypatch.setattr(models, "_encodes_right", lambda tok, e: str(by_hand) in str(tok.name_or_path))
+    model, tok = load_local_model(SMOLLM2)
+    assert (by_hand / "model.safetensors").exists() and (by_hand / "tokenizer.json").exists()
+    assert str(by_hand) in str(tok.name_or_path) and tok.chat_template
+
+
 @needs_gemma
 @pytest.mark.slow
 @pytest.mark.timeout(600)

@@ -116,6 +116,9 @@ def build_cache(name: str, cache: Path) -> None:
         if _encodes_right(tokenizer, EMBEDDED[name]):  # else load_local_tokenizer says why at every load
             tokenizer.save_pretrained(tmp)
         if cache.exists() and not (cache / "model.safetensors").exists():
+            for f in cache.iterdir():  # a tokenizer put there by hand (load_local_tokenizer's advice) stays
+                if f.name.startswith(("tokenizer", "chat_template", "special_tokens")) and not (tmp / f.name).exists():
+                    shutil.copy2(f, tmp / f.name)
             shutil.rmtree(cache)  # a broken copy left by hand; a complete one is never replaced
         os.rename(tmp, cache)  # atomic: readers see no copy or a whole one
         if name == GEMMA3_270M:  # the assembled GGUF (242 MB) was only the source; the chunks stay installed
