@@ -15,7 +15,9 @@ only differences are the settings under test. Modes:
        head only on trained tokens, through Liger-Kernel's fused linear cross-entropy on CUDA); with
        --reuse-prefix each episode's KV cache kept between its turns (mcp_rl/policies/prefix_cache.py); since
        session 21 new samples through fused LoRA layers (LocalPolicy's fused_lora) and updates with the LoRA levers
-       (train.lora_no_upcast, lora_fused_add), both on by default; old runs peft's own paths
+       (train.lora_no_upcast, lora_fused_add), both on by default; old runs peft's own paths; with
+       --compile-decode new decodes through torch.compile (LocalPolicy's compile_decode; its first step
+       pays the compiling)
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
 scenarios in both modes from the same weights and counts rollouts whose tokens are identical
@@ -70,6 +72,7 @@ def set_mode(trainer, mode: dict) -> None:
     trainer.packed = mode.get("packed", False)
     # On by default since session 21 (the sampler's fused LoRA layers, the update's LoRA levers); old ran without.
     trainer.policy.fused_lora = mode.get("fused_lora", False)
+    trainer.policy.compile_decode = mode.get("compile_decode", False)
     if hasattr(trainer, "lora_fused_add"):
         trainer.lora_no_upcast = trainer.lora_fused_add = mode.get("levers", False)
     # The cpu preset turns the KV reuse on (exact in float32 only): off unless this mode asks, a fresh cache if so.
@@ -124,7 +127,8 @@ async def bench(args) -> list[dict]:
                      "packed_gqa": False, "packed": False},
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
                      "hand_back": True, "packed_gqa": True, "packed": args.packed,
-                     "reuse_prefix": args.reuse_prefix, "fused_lora": True, "levers": True}}
+                     "reuse_prefix": args.reuse_prefix, "fused_lora": True, "levers": True,
+                     "compile_decode": args.compile_decode}}
     modes = {k: v for k, v in modes.items() if k in args.modes}
     rows: list[dict] = []
     async with parts.open_server(cfg) as server:
@@ -199,6 +203,10 @@ def table(rows: list[dict]) -> str:
         lines += ["", f"mean step: old {sum(steps['old']) / len(steps['old']):.1f} s, new "
                   f"{sum(steps['new']) / len(steps['new']):.1f} s, speedup "
                   f"{(sum(steps['old']) / len(steps['old'])) / max(sum(steps['new']) / len(steps['new']), 1e-9):.2f}x"]
+        later = {m: v[1:] for m, v in steps.items()}
+        if all(later.values()):  # step 1 pays one-off costs (compiling with --compile-decode, the allocator)
+            lines += [f"mean of steps 2+: old {sum(later['old']) / len(later['old']):.1f} s, new "
+                      f"{sum(later['new']) / len(later['new']):.1f} s"]
         upd = {m: [r["train_seconds"] for r in rows if r.get("mode") == m and r.get("train_seconds")] for m in steps}
         peak = {m: max([r["peak_update_gib"] or 0 for r in rows if r.get("mode") == m], default=0) for m in steps}
         if upd["old"] and upd["new"]:
@@ -220,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--micro-batch-tokens bounds its packed rows)")
     ap.add_argument("--reuse-prefix", action="store_true", help="new mode: keep each episode's KV cache between "
                     "its turns (policy_reuse_prefix, 1.5 GiB); old never does")
+    ap.add_argument("--compile-decode", action="store_true", help="new mode: the decode step through torch.compile")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
     ap.add_argument("--shape", choices=("smollm2", "tiny", "qwen3b"), default="smollm2", help="shape for --random-weights")

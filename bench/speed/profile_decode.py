@@ -11,6 +11,7 @@ sampled tokens each and no row stopping early (a base model's worst case). Modes
   lora+levers  instead, bf16 autocast with the update's LoRA levers (training/kernels.update_levers)
   lora+liger   the lora mode with Liger's RMSNorm/SwiGLU/GeGLU/RoPE kernels patched in (kernels.apply_liger)
   lora+fused+liger  both
+  lora+fused+compiled  lora+fused with the one-token forward through torch.compile (LocalPolicy(compile_decode=True))
 Each reports:
   whole     LocalPolicy._generate as rollouts call it: prefill seconds, decode milliseconds a step
   forward   the decoder's one-token step alone (decoder.Decoder.step: the graph replay or the eager forward)
@@ -49,7 +50,8 @@ from mcp_rl.policies.decoder import Decoder  # noqa: E402
 from mcp_rl.policies.local_policy import LocalPolicy, _Request  # noqa: E402
 from mcp_rl.training import kernels  # noqa: E402
 
-MODES = ("base", "eager", "lora", "lora+fused", "lora+levers", "lora+liger", "lora+fused+liger")
+MODES = ("base", "eager", "lora", "lora+fused", "lora+fused+compiled", "lora+levers", "lora+liger",
+         "lora+fused+liger")
 
 
 class Ops(TorchDispatchMode):
@@ -126,8 +128,9 @@ def profile(policy: LocalPolicy, reqs: list[_Request], new: int, mode: str) -> d
     policy.cuda_graph = graph
     device, n, width = policy.model.device, len(reqs), max(len(r.prompt_ids) for r in reqs)
     stats = policy.decode_stats
-    before = dict(stats)
-    policy._generate(reqs)  # warm-up: kernels, allocator
+    t0 = time.perf_counter()
+    policy._generate(reqs)  # warm-up: kernels, allocator, compiling
+    first = time.perf_counter() - t0
     before = dict(stats)
     policy._generate(reqs)
     prefill = stats["prefill_s"] - before["prefill_s"]
@@ -141,14 +144,15 @@ def profile(policy: LocalPolicy, reqs: list[_Request], new: int, mode: str) -> d
         keep[i, width - len(r.prompt_ids):] = True
     ids, keep = ids.to(device), keep.to(device)
     with torch.inference_mode(), kernels.lora_sampling(policy.model, on=policy.fused_lora):
-        decoder = Decoder(policy.model, ids, keep, width + new, cuda_graph=graph and device.type == "cuda")
+        decoder = Decoder(policy.model, ids, keep, width + new, cuda_graph=graph and device.type == "cuda",
+                          compiled=policy.compile_decode)
         logits, _ = decoder.prefill(0)
         tok = logits.argmax(-1)
         column = iter(range(width, width + new))
         forward = timed(lambda: decoder.step(tok, next(column)), new - 2) / (new - 2)
-        captured = decoder.graph is not None
+        captured = f"{decoder.graph is not None}{' compiled' if decoder.compiled else ''}"
         with Ops() as ops:  # one eager step, counted (a graph replays the same kernels)
-            decoder._forward(decoder.step_ids, decoder.mask, decoder.smask, decoder.step_pos, 1)
+            decoder._forward(decoder.step_ids, decoder.mask, decoder.smask, decoder.step_pos, 1)  # uncompiled
 
         stops = torch.tensor(policy.stop_ids, device=device)
         tokens = torch.zeros((n, new), dtype=torch.long, device=device)
@@ -157,7 +161,7 @@ def profile(policy: LocalPolicy, reqs: list[_Request], new: int, mode: str) -> d
         for name, fn in (("today", sampling_today), ("race", sampling_race)):
             done = torch.zeros(n, dtype=torch.bool, device=device)
             sample[name] = timed(lambda: fn(logits, 1.0, stops, done, tokens, lps, 0), new) / new
-    return {"mode": mode, "captured": captured, "ops": sum(ops.count.values()), "rows": n, "width": width,
+    return {"mode": mode, "captured": captured, "first_s": first, "ops": sum(ops.count.values()), "rows": n, "width": width,
             "prefill_s": prefill, "steps": steps, "whole_ms": whole * 1e3, "forward_ms": forward * 1e3,
             "sampling_ms": sample["today"] * 1e3, "race_ms": sample["race"] * 1e3,
             "host_ms": (whole - forward - sample["today"]) * 1e3}
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             from peft import LoraConfig, get_peft_model
 
             policy.model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
-        policy.fused_lora = "fused" in mode
+        policy.fused_lora, policy.compile_decode = "fused" in mode, "compiled" in mode
         if "liger" in mode and not liger:
             liger = bool(kernels.apply_liger(policy.model))
         levers = mode == "lora+levers"
@@ -195,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     lines = [f"# profile_decode.py --shape {args.shape} --rows {args.rows} --width {args.width} --new {args.new} "
              f"on {name}", "",
-             "| mode | graph captured | ops a step | prefill s | decode ms/step | forward ms | sampling ms (today) | "
-             "sampling ms (race) | host ms |", "|---|---|---|---|---|---|---|---|---|"]
+             "| mode | graph captured | first batch s | ops a step (uncompiled) | prefill s | decode ms/step | forward ms | sampling ms (today) | "
+             "sampling ms (race) | host ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['captured']} | {r['ops']} | {r['prefill_s']:.3f} | {r['whole_ms']:.2f} | "
+        lines.append(f"| {r['mode']} | {r['captured']} | {r['first_s']:.1f} | {r['ops']} | {r['prefill_s']:.3f} | {r['whole_ms']:.2f} | "
                      f"{r['forward_ms']:.2f} | {r['sampling_ms']:.2f} | {r['race_ms']:.2f} | {r['host_ms']:.2f} |")
     text = "\n".join(lines)
     print(text, flush=True)

@@ -107,6 +107,30 @@ def _install_packed_gqa() -> None:
     AttentionInterface.register("sdpa", forward)
 
 
+_COMPILED: Any = None
+
+
+def _one_token(model: Any, ids: Any, mask: Any, positions: Any, cache_kw: str, cache: Any) -> Any:
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                 **{cache_kw: cache}).logits
+
+
+def _compiled_one_token() -> Any:
+    """`_one_token` through torch.compile, one per process. A decode step's kernels are mostly small
+    elementwise ops (norms, rotary, activations, the LoRA adds) that a CUDA graph replays one by one;
+    Inductor fuses them. Shapes are left to dynamo's automatic dynamic: the first batch compiles for its
+    shape, a batch of another shape recompiles with the sizes that changed made symbolic, and later
+    batches reuse that: two compiles where rows and cache length change together, as a rollout's
+    turns do (transformers' StaticCache is built for this: in-place updates, static addresses).
+    Prefill stays eager: its window changes every batch."""
+    global _COMPILED
+    if _COMPILED is None:
+        import torch
+
+        _COMPILED = torch.compile(_one_token)
+    return _COMPILED
+
+
 class Decoder:
     """One batch's KV cache and its one-token forward, replayed as a CUDA graph on a GPU.
 
@@ -115,15 +139,17 @@ class Decoder:
     step has fixed shapes and no host sync: what graph capture needs. The graph is captured
     per batch (two eager forwards), so it always reads the adapter weights in place: the
     trainer's in-place updates are what the next batch samples from. Where capture fails
-    (a quantized layer that syncs, say) the step runs eagerly, slower but the same.
+    (a quantized layer that syncs, say) the step runs eagerly, slower but the same. `compiled` runs the
+    one-token forward through torch.compile (`_compiled_one_token`), captured the same way; where
+    compiling fails the step runs uncompiled.
     """
 
-    def __init__(self, model: Any, ids: Any, keep: Any, length: int, *, cuda_graph: bool):
+    def __init__(self, model: Any, ids: Any, keep: Any, length: int, *, cuda_graph: bool, compiled: bool = False):
         import torch
         from transformers import StaticCache
 
         _install_packed_gqa()
-        self.model, self.ids, self.keep, self.cuda_graph = model, ids, keep, cuda_graph
+        self.model, self.ids, self.keep, self.cuda_graph, self.compiled = model, ids, keep, cuda_graph, compiled
         self.cache_kw = _cache_kwarg(model)
         self.window = sliding_window(model.config)
         self.cache = StaticCache(config=_full_attention(model.config), max_cache_len=length)
@@ -144,6 +170,21 @@ class Decoder:
             mask = {"full_attention": mask, "sliding_attention": smask}
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                           logits_to_keep=keep_logits, **{self.cache_kw: self.cache}).logits
+
+    def _one(self) -> Any:
+        """The one-token forward on the step's buffers (compiled if asked and compiling works)."""
+        mask = self.mask if self.smask is None else {"full_attention": self.mask, "sliding_attention": self.smask}
+        if self.compiled:
+            try:
+                return _compiled_one_token()(self.model, self.step_ids, mask, self.step_pos, self.cache_kw,
+                                             self.cache)
+            except Exception as e:  # noqa: BLE001 - no compiler, an unsupported op: the same step uncompiled
+                import logging
+
+                logging.getLogger(__name__).warning("torch.compile of the decode step failed (%s: %s); decoding "
+                                                    "uncompiled", type(e).__name__, str(e)[:200])
+                self.compiled = False
+        return _one_token(self.model, self.step_ids, mask, self.step_pos, self.cache_kw, self.cache)
 
     def prefill(self, n_forced: int, window: int | None = None, copies: list = ()) -> tuple[Any, Any]:
         """Logits for the first new token, and the forced prefix's logprobs (or None).
@@ -210,12 +251,12 @@ class Decoder:
             lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
-                self._forward(self.step_ids, self.mask, self.smask, self.step_pos, 1)
+            with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires (and compiling)
+                self._one()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self.out = self._forward(self.step_ids, self.mask, self.smask, self.step_pos, 1)
+                self.out = self._one()
             self.graph = graph
         except Exception as e:  # noqa: BLE001 - any capture failure: decode eagerly instead
             import logging
@@ -238,4 +279,4 @@ class Decoder:
         if self.graph is not None:
             self.graph.replay()
             return self.out[:, -1]
-        return self._forward(self.step_ids, self.mask, self.smask, self.step_pos, 1)[:, -1]
+        return self._one()[:, -1]

@@ -79,6 +79,8 @@ class LocalPolicy:
     dtype with the scaled add fused (training/kernels.lora_sampling): a quarter fewer ops a decode step
     in SmolLM2's shape; in float32 (a CPU) the same log-probs to 1e-5, in bf16 the LoRA factors rounded
     as the update's autocast rounds them. `fused_lora=False` keeps peft's float32 adapter path.
+    `compile_decode=True` runs the one-token forward through torch.compile (decoder.py; compiling takes
+    a minute or two the first time, bench/speed/profile_decode.py measures what it saves).
     """
 
     token_in = True  # rollouts pass earlier turns as Choices: the next prompt holds their sampled ids
@@ -86,7 +88,8 @@ class LocalPolicy:
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_batch: int = 8,
                  batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
                  cuda_graph: bool = True, batch_gap_s: float | None = None, hand_back: bool = True,
-                 reuse_prefix: bool = False, prefix_cache_gib: float = 1.0, fused_lora: bool = True):
+                 reuse_prefix: bool = False, prefix_cache_gib: float = 1.0, fused_lora: bool = True,
+                 compile_decode: bool = False):
         import transformers
 
         if int(transformers.__version__.split(".")[0]) < 5:  # StaticCache, attention interface: 5.x APIs
@@ -101,7 +104,7 @@ class LocalPolicy:
         # A request whose row finishes early is answered then, not when the batch's longest row ends.
         self.hand_back = hand_back
         self.cuda_graph = cuda_graph
-        self.fused_lora = fused_lora
+        self.fused_lora, self.compile_decode = fused_lora, compile_decode
         self.max_batch, self.batch_wait_s, self.tool_prefix = max_batch, batch_wait_s, tool_prefix
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 4096
         self.step = 0
@@ -225,7 +228,7 @@ class LocalPolicy:
 
         with torch.inference_mode(), lora_sampling(self.model, on=self.fused_lora):
             decoder = Decoder(self.model, ids, keep, width + max_new,
-                               cuda_graph=self.cuda_graph and device.type == "cuda")
+                               cuda_graph=self.cuda_graph and device.type == "cuda", compiled=self.compile_decode)
             logits, forced_lp = decoder.prefill(n_forced, plan.window if plan else None, plan.copies if plan else ())
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # one sync a batch, so prefill and decode time apart
