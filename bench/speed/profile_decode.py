@@ -199,11 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     lines = [f"# profile_decode.py --shape {args.shape} --rows {args.rows} --width {args.width} --new {args.new} "
              f"on {name}", "",
-             "| mode | graph captured | first batch s | ops a step (uncompiled) | prefill s | decode ms/step | forward ms | sampling ms (today) | "
-             "sampling ms (race) | host ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| mode | graph captured | first batch s | ops a step (uncompiled) | prefill s | decode ms/step | "
+             "forward ms | sampling ms (today) | sampling ms (race) | host ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['captured']} | {r['first_s']:.1f} | {r['ops']} | {r['prefill_s']:.3f} | {r['whole_ms']:.2f} | "
-                     f"{r['forward_ms']:.2f} | {r['sampling_ms']:.2f} | {r['race_ms']:.2f} | {r['host_ms']:.2f} |")
+        lines.append(f"| {r['mode']} | {r['captured']} | {r['first_s']:.1f} | {r['ops']} | {r['prefill_s']:.3f} | "
+                     f"{r['whole_ms']:.2f} | {r['forward_ms']:.2f} | {r['sampling_ms']:.2f} | {r['race_ms']:.2f} | {r['host_ms']:.2f} |")
     text = "\n".join(lines)
     print(text, flush=True)
     if args.out:
