@@ -27,6 +27,9 @@ batches, so their tokens are not compared).
     python bench/speed/bench_step.py --config bench/experiments/learning/smollm2.yaml --steps 3 --out bench/results/step_bench.txt
     python bench/speed/bench_step.py --packed --micro-batch-tokens 16384 --greedy-scenarios 0 --steps 8 \
         --out bench/results/step_bench_smollm2_h100.txt
+    python bench/speed/bench_step.py --config bench/experiments/learning/gemma3-270m.yaml --packed --steps 4 \
+        --first-step 5 --out /tmp/step_bench_gemma.txt   # steps 5-8 in a second call while the machine is warm
+                                                         # ($OUT is new each call: copy the rows there after)
     python bench/speed/bench_step.py --random-weights TOKENIZER_DIR --shape tiny --steps 1 \
         --set rollout.concurrency=8 train.groups_per_step=2 train.group_size=2 rollout.max_tokens=16   # CPU check
 
@@ -147,7 +150,7 @@ async def bench(args) -> list[dict]:
                 same = sum(a == b for a, b in zip(seen["old"], seen["new"]))
                 rows.append({"check": "greedy tokens identical", "same": same, "of": len(seen["old"])})
                 print(f"greedy check: {same}/{len(seen['old'])} rollouts with identical tokens", flush=True)
-            for step in range(args.steps):
+            for step in range(args.first_step - 1, args.first_step - 1 + args.steps):
                 batch = pipeline.step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
                 order = ("old", "new") if step % 2 == 0 else ("new", "old")  # alternate: no mode always goes first
                 for name in (n for n in order if n in modes):
@@ -229,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse-prefix", action="store_true", help="new mode: keep each episode's KV cache between "
                     "its turns (policy_reuse_prefix, 1.5 GiB); old never does")
     ap.add_argument("--compile-decode", action="store_true", help="new mode: the decode step through torch.compile")
+    ap.add_argument("--first-step", type=int, default=1, help="start at this step (its batch and seed), appending to "
+                    "--out's rows: a run too long for one device call goes on in the next")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
     ap.add_argument("--shape", choices=("smollm2", "tiny", "qwen3b"), default="smollm2", help="shape for --random-weights")
@@ -239,11 +244,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--out", default=None, help="write the table here (and the rows beside it as .jsonl)")
     args = ap.parse_args(argv)
+    if args.first_step > 1 and (args.advance or not args.out):
+        ap.error("--first-step goes on from the steps in --out's rows, each from the same start: give --out, "
+                 "and no --advance (its steps build on the ones before)")
+    earlier: list[dict] = []
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).with_suffix(".jsonl").write_text("")
+        rows_file = Path(args.out).with_suffix(".jsonl")
+        if args.first_step > 1:
+            earlier = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()] \
+                if rows_file.exists() else []
+            if any("step" in r and r["step"] >= args.first_step for r in earlier):
+                ap.error(f"{rows_file} already has steps from {args.first_step} on")
+        else:
+            rows_file.write_text("")
     rows = asyncio.run(bench(args))
-    text = table(rows)
+    text = table(earlier + rows)
     print(text, flush=True)
     if args.out:
         out = Path(args.out)

@@ -1,0 +1,32 @@
+"""bench/speed/bench_step.py on a CPU with a tiny random model: old and new modes alternate, and a run cut across two
+device calls goes on with --first-step, its rows appended and the table built from all of them."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "speed"))
+import bench_step  # noqa: E402
+
+TINY = ["--shape", "tiny", "--steps", "1", "--greedy-scenarios", "0",
+        "--set", "rollout.concurrency=4", "train.groups_per_step=1", "train.group_size=2", "rollout.max_tokens=8"]
+
+
+@pytest.mark.timeout(600)
+def test_a_run_goes_on_from_its_rows_with_first_step(tmp_path, capsys):
+    from mcp_rl.policies.models import load_local_tokenizer
+
+    load_local_tokenizer().save_pretrained(tmp_path / "tok")
+    out = tmp_path / "steps.txt"
+    base = ["--random-weights", str(tmp_path / "tok"), "--out", str(out), *TINY]
+    assert bench_step.main(base) == 0
+    assert bench_step.main([*base, "--first-step", "2"]) == 0
+    rows = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert sorted((r["step"], r["mode"]) for r in rows) == [(1, "new"), (1, "old"), (2, "new"), (2, "old")]
+    table = out.read_text()
+    assert "| 1 | old |" in table and "| 2 | new |" in table and "mean of steps 2+" in table
+    with pytest.raises(SystemExit):  # the same steps again would count twice
+        bench_step.main([*base, "--first-step", "2"])
+    assert "already has steps from 2 on" in capsys.readouterr().err
