@@ -26,7 +26,11 @@ def test_a_run_goes_on_from_its_rows_with_first_step(tmp_path, capsys):
     rows = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
     assert sorted((r["step"], r["mode"]) for r in rows) == [(1, "new"), (1, "old"), (2, "new"), (2, "old")]
     table = out.read_text()
-    assert "| 1 | old |" in table and "| 2 | new |" in table and "mean of steps 2+" in table
+    assert "| 1 | old |" in table and "| 2 | new |" in table and "mean without each call's first step" not in table
+    assert all(r["first_of_call"] for r in rows)  # one step a mode a call: each paid its call's warm-up
     with pytest.raises(SystemExit):  # the same steps again would count twice
         bench_step.main([*base, "--first-step", "2"])
     assert "already has steps from 2 on" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a second call on a fresh machine: nothing to go on from
+        bench_step.main([*base[:2], "--out", str(tmp_path / "elsewhere.txt"), *TINY, "--first-step", "3"])
+    assert "no rows at" in capsys.readouterr().err

@@ -36,6 +36,8 @@ async def test_a_compiled_decode_samples_what_the_uncompiled_one_does(tok, monke
     import torch._dynamo
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    monkeypatch.setattr(decoder, "_COMPILED", None)
     model = lora_model(tok)
     seen = spy(monkeypatch)
     batches = (CONVERSATIONS[:2], CONVERSATIONS)  # rows and cache length both change: recompiled with both symbolic
@@ -49,22 +51,30 @@ async def test_a_compiled_decode_samples_what_the_uncompiled_one_does(tok, monke
             assert ids_of(compiled) == ids_of(plain)
             assert [t.logprob for t in compiled.logprobs.content] == pytest.approx(
                 [t.logprob for t in plain.logprobs.content], abs=1e-4)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # compiled for real: one graph per shape
     policy = LocalPolicy(model, tok, compile_decode=True)
-    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     await turns(policy, CONVERSATIONS[1:])  # a third shape: the symbolic graph serves it
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    await turns(policy, CONVERSATIONS[:1])  # one row: dynamo specialises a size of 1, one more graph
+    await turns(policy, CONVERSATIONS[2:])  # another single row: that graph again
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 3
 
 
 async def test_a_step_that_fails_to_compile_decodes_uncompiled_with_a_warning(tok, monkeypatch, caplog):  # noqa: F811
     def broken(*args, **kwargs):
         raise RuntimeError("no C compiler " + "x" * 500)
 
-    monkeypatch.setattr(decoder, "_compiled_one_token", lambda: broken)
+    calls = []
+    monkeypatch.setattr(decoder, "_COMPILED", None)  # what the failure sets for the process is put back after
+    monkeypatch.setattr(decoder, "_compiled_one_token", lambda: calls.append(1) or broken)
     seen = spy(monkeypatch)
     model = lora_model(tok)
-    want = await turns(LocalPolicy(model, tok), CONVERSATIONS)
+    want = [await turns(LocalPolicy(model, tok), b) for b in (CONVERSATIONS, CONVERSATIONS[1:])]
     with caplog.at_level(logging.WARNING, logger="mcp_rl.policies.decoder"):
-        got = await turns(LocalPolicy(model, tok, compile_decode=True), CONVERSATIONS)
-    assert [ids_of(c) for c in got] == [ids_of(c) for c in want] and seen and not any(seen)
-    warning = next(r.getMessage() for r in caplog.records if "torch.compile" in r.getMessage())
-    assert "decoding uncompiled" in warning and "no C compiler" in warning and len(warning) < 320
+        policy = LocalPolicy(model, tok, compile_decode=True)
+        got = [await turns(policy, b) for b in (CONVERSATIONS, CONVERSATIONS[1:])]
+    assert [[ids_of(c) for c in b] for b in got] == [[ids_of(c) for c in b] for b in want]
+    assert seen and not any(seen) and calls == [1]  # tried once in the process, not once a batch
+    warnings = [r.getMessage() for r in caplog.records if "torch.compile" in r.getMessage()]
+    assert len(warnings) == 1 and "decoding uncompiled" in warnings[0] and "no C compiler" in warnings[0]
+    assert "policy_compile_decode=false" in warnings[0] and len(warnings[0]) < 360

@@ -7,6 +7,7 @@ eager decoding give the same tokens.
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import Any
 
 
@@ -107,7 +108,8 @@ def _install_packed_gqa() -> None:
     AttentionInterface.register("sdpa", forward)
 
 
-_COMPILED: Any = None
+_COMPILED: Any = None  # the compiled `_one_token`; False once compiling failed in this process
+_COMPILE_LOCK = threading.Lock()  # dynamo and Inductor are not thread-safe: one decode thread compiles at a time
 
 
 def _one_token(model: Any, ids: Any, mask: Any, positions: Any, cache_kw: str, cache: Any) -> Any:
@@ -120,8 +122,9 @@ def _compiled_one_token() -> Any:
     elementwise ops (norms, rotary, activations, the LoRA adds) that a CUDA graph replays one by one;
     Inductor fuses them. Shapes are left to dynamo's automatic dynamic: the first batch compiles for its
     shape, a batch of another shape recompiles with the sizes that changed made symbolic, and later
-    batches reuse that: two compiles where rows and cache length change together, as a rollout's
-    turns do (transformers' StaticCache is built for this: in-place updates, static addresses).
+    batches reuse that (transformers' StaticCache is built for this: in-place updates, static addresses).
+    Anything else its guards see new compiles once more: a one-row batch, another model, the adapter
+    switched off. Past dynamo's recompile limit (8) a step runs uncompiled, with dynamo's warning.
     Prefill stays eager: its window changes every batch."""
     global _COMPILED
     if _COMPILED is None:
@@ -173,17 +176,29 @@ class Decoder:
 
     def _one(self) -> Any:
         """The one-token forward on the step's buffers (compiled if asked and compiling works)."""
+        global _COMPILED
+        import torch
+
         mask = self.mask if self.smask is None else {"full_attention": self.mask, "sliding_attention": self.smask}
-        if self.compiled:
+        if self.compiled and _COMPILED is not False:
+            lengths = [layer.cumulative_length.clone() for layer in self.cache.layers
+                       if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
             try:
-                return _compiled_one_token()(self.model, self.step_ids, mask, self.step_pos, self.cache_kw,
-                                             self.cache)
+                with _COMPILE_LOCK:
+                    return _compiled_one_token()(self.model, self.step_ids, mask, self.step_pos, self.cache_kw,
+                                                 self.cache)
             except Exception as e:  # noqa: BLE001 - no compiler, an unsupported op: the same step uncompiled
+                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                    raise  # inside graph capture: the capture is spoilt, `_capture` decodes without a graph
                 import logging
 
-                logging.getLogger(__name__).warning("torch.compile of the decode step failed (%s: %s); decoding "
-                                                    "uncompiled", type(e).__name__, str(e)[:200])
-                self.compiled = False
+                logging.getLogger(__name__).warning(
+                    "torch.compile of the decode step failed (%s: %s); decoding uncompiled from now on (set "
+                    "policy_compile_decode=false to skip it)", type(e).__name__, str(e)[:200])
+                _COMPILED = False
+                for layer, n in zip(self.cache.layers, lengths):  # a step cut short may have moved the cache on
+                    layer.cumulative_length.copy_(n)
+        self.compiled = self.compiled and _COMPILED is not False
         return _one_token(self.model, self.step_ids, mask, self.step_pos, self.cache_kw, self.cache)
 
     def prefill(self, n_forced: int, window: int | None = None, copies: list = ()) -> tuple[Any, Any]:
@@ -215,8 +230,9 @@ class Decoder:
         if n_forced:
             forced = torch.log_softmax(logits[:, :-1].float(), -1).gather(
                 -1, self.ids[:, -n_forced:, None]).squeeze(-1)
-        self.step_ids = self.ids[:, -1:].clone()
-        self.step_pos = self.positions[:, -1:].clone()
+        # Contiguous: a one-row slice keeps the wide row's stride, which a compiled step would guard on.
+        self.step_ids = self.ids[:, -1:].clone(memory_format=torch.contiguous_format)
+        self.step_pos = self.positions[:, -1:].clone(memory_format=torch.contiguous_format)
         if self.cuda_graph:
             self._capture()
         return logits[:, -1], forced

@@ -79,8 +79,8 @@ class LocalPolicy:
     dtype with the scaled add fused (training/kernels.lora_sampling): a quarter fewer ops a decode step
     in SmolLM2's shape; in float32 (a CPU) the same log-probs to 1e-5, in bf16 the LoRA factors rounded
     as the update's autocast rounds them. `fused_lora=False` keeps peft's float32 adapter path.
-    `compile_decode=True` runs the one-token forward through torch.compile (decoder.py; compiling takes
-    a minute or two the first time, bench/speed/profile_decode.py measures what it saves).
+    `compile_decode=True` runs the one-token forward through torch.compile (decoder.py; ~30 s of
+    compiling for a small model on an H100, again for a new batch shape; bench/RESULTS.md).
     """
 
     token_in = True  # rollouts pass earlier turns as Choices: the next prompt holds their sampled ids

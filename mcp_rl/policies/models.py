@@ -116,8 +116,10 @@ def build_cache(name: str, cache: Path) -> None:
         if _encodes_right(tokenizer, EMBEDDED[name]):  # else load_local_tokenizer says why at every load
             tokenizer.save_pretrained(tmp)
         if cache.exists() and not (cache / "model.safetensors").exists():
-            for f in cache.iterdir():  # a tokenizer put there by hand (load_local_tokenizer's advice) stays
-                if f.name.startswith(("tokenizer", "chat_template", "special_tokens")) and not (tmp / f.name).exists():
+            by_hand = [f for f in cache.iterdir() if f.is_file()
+                       and f.name.startswith(("tokenizer", "chat_template", "special_tokens"))]
+            if not (tmp / "tokenizer.json").exists():  # a tokenizer put there by hand (the advice below) stays
+                for f in by_hand:
                     shutil.copy2(f, tmp / f.name)
             shutil.rmtree(cache)  # a broken copy left by hand; a complete one is never replaced
         os.rename(tmp, cache)  # atomic: readers see no copy or a whole one

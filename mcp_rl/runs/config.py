@@ -59,8 +59,8 @@ class Config:
     policy_reuse_prefix: bool = _f(False, "local policy: keep each episode's KV cache between its turns and prefill only "
                                           "the new tokens (mcp_rl/policies/prefix_cache.py; exact: greedy turns token-identical)")
     policy_prefix_cache_gib: float = _f(4.0, "local policy: the prefix cache's bound, GiB (emptied before each update)")
-    policy_compile_decode: bool = _f(False, "local policy: the one-token decode step through torch.compile (a GPU decode "
-                                            "step 1.2x faster, the first batches 30 s slower: bench/RESULTS.md)")
+    policy_compile_decode: bool = _f(False, "local policy (transformers loader): the one-token decode step through "
+                                            "torch.compile (H100: 1.2x a decode step, ~30 s of compiling: bench/RESULTS.md)")
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
     scenarios: str = _f("data/scenarios.jsonl", "JSONL scenarios with a split field")
     out: str = _f("runs/demo", "run folder: checkpoints, metrics.jsonl, report")
