@@ -134,8 +134,7 @@ def test_bf16_factors_round_as_the_update_autocast_does(tok):
     """In bf16 the factors are bf16 copies (as the update's autocast casts them): logits within bf16 rounding of
     peft's float32 adapter path, and the LoRA weights themselves untouched float32."""
     model = lora_model(tok).to(torch.bfloat16)
-    with torch.no_grad():
-        plain = model.get_base_model()  # for the adapter's own size below
+    plain = model.get_base_model()  # for the adapter's own size below
     for name, p in model.named_parameters():  # bf16 base weights, float32 LoRA: what the trainer builds on a GPU
         if "lora_" in name:
             p.data = p.data.float()
