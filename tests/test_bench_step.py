@@ -34,3 +34,16 @@ def test_a_run_goes_on_from_its_rows_with_first_step(tmp_path, capsys):
     with pytest.raises(SystemExit):  # a second call on a fresh machine: nothing to go on from
         bench_step.main([*base[:2], "--out", str(tmp_path / "elsewhere.txt"), *TINY, "--first-step", "3"])
     assert "no rows at" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(600)
+def test_join_runs_the_new_mode_with_continuous_batching(tmp_path):
+    from mcp_rl.policies.models import load_local_tokenizer
+
+    load_local_tokenizer().save_pretrained(tmp_path / "tok")
+    out = tmp_path / "steps.txt"
+    assert bench_step.main(["--random-weights", str(tmp_path / "tok"), "--out", str(out), "--join", *TINY]) == 0
+    rows = {r["mode"]: r for r in map(json.loads, out.with_suffix(".jsonl").read_text().splitlines())}
+    assert rows["new"]["join"] and not rows["old"].get("join")
+    assert rows["new"]["decode"]["rows"] >= 2 and "joined" in rows["new"]["decode"]
+    assert "| joined |" in out.read_text()

@@ -76,6 +76,7 @@ def set_mode(trainer, mode: dict) -> None:
     # On by default since session 21 (the sampler's fused LoRA layers, the update's LoRA levers); old ran without.
     trainer.policy.fused_lora = mode.get("fused_lora", False)
     trainer.policy.compile_decode = mode.get("compile_decode", False)
+    trainer.policy.join = mode.get("join", False)
     if hasattr(trainer, "lora_fused_add"):
         trainer.lora_no_upcast = trainer.lora_fused_add = mode.get("levers", False)
     # The cpu preset turns the KV reuse on (exact in float32 only): off unless this mode asks, a fresh cache if so.
@@ -131,7 +132,7 @@ async def bench(args) -> list[dict]:
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
                      "hand_back": True, "packed_gqa": True, "packed": args.packed,
                      "reuse_prefix": args.reuse_prefix, "fused_lora": True, "levers": True,
-                     "compile_decode": args.compile_decode}}
+                     "compile_decode": args.compile_decode, "join": args.join}}
     modes = {k: v for k, v in modes.items() if k in args.modes}
     rows: list[dict] = []
     async with parts.open_server(cfg) as server:
@@ -193,15 +194,18 @@ async def bench(args) -> list[dict]:
 def table(rows: list[dict]) -> str:
     gib = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731  (no GPU: no peaks)
     lines = ["| step | mode | step s | rollouts s | rewards + update s | update s | decodes | trained tokens | "
-             "update tok/s | longest seq | padding | peak GiB rollouts / update |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "update tok/s | longest seq | padding | peak GiB rollouts / update | prefill s | decode s | decode steps | "
+             "joined |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "mode" in r:
+            d = r.get("decode") or {}  # the rollouts' sampling: GPU seconds in prefill and decode, rows that joined
             lines.append(f"| {r['step']} | {r['mode']} | {r['seconds']:.1f} | {r['rollout_seconds']:.1f} | "
                          f"{r['update_seconds']:.1f} | {r.get('train_seconds') or 0:.1f} | {r['generate_calls']} | "
                          f"{r.get('num_tokens') or 0:.0f} | {r.get('tokens_per_s') or 0:.0f} | "
                          f"{r.get('max_seq_tokens') or 0:.0f} | {r.get('max_padding') or 0:.0f} | {gib(r.get('peak_rollout_gib'))} / "
-                         f"{gib(r.get('peak_update_gib'))} |")
+                         f"{gib(r.get('peak_update_gib'))} | {d.get('prefill_s', 0):.1f} | {d.get('decode_s', 0):.1f} | "
+                         f"{d.get('decode_steps', 0):.0f} | {d.get('joined', 0):.0f} |")
     steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in ("old", "new")}
     if steps["old"] and steps["new"]:
         lines += ["", f"mean step: old {sum(steps['old']) / len(steps['old']):.1f} s, new "
@@ -235,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse-prefix", action="store_true", help="new mode: keep each episode's KV cache between "
                     "its turns (policy_reuse_prefix, 1.5 GiB); old never does")
     ap.add_argument("--compile-decode", action="store_true", help="new mode: the decode step through torch.compile")
+    ap.add_argument("--join", action="store_true", help="new mode: continuous batching (LocalPolicy's join: a request "
+                    "joins the running decode; each decode holds policy_batch rows)")
     ap.add_argument("--first-step", type=int, default=1, help="start at this step (its batch and seed), appending to "
                     "--out's rows: a run too long for one device call goes on in the next")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
@@ -247,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--out", default=None, help="write the table here (and the rows beside it as .jsonl)")
     args = ap.parse_args(argv)
+    if args.join and args.reuse_prefix:
+        ap.error("--join and --reuse-prefix cannot be combined (LocalPolicy refuses both)")
     if args.first_step > 1 and (args.advance or not args.out):
         ap.error("--first-step goes on from the steps in --out's rows, each from the same start: give --out, "
                  "and no --advance (its steps build on the ones before)")

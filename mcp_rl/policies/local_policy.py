@@ -81,6 +81,9 @@ class LocalPolicy:
     as the update's autocast rounds them. `fused_lora=False` keeps peft's float32 adapter path.
     `compile_decode=True` runs the one-token forward through torch.compile (decoder.py; ~30 s of
     compiling for a small model on an H100, again for a new batch shape; bench/RESULTS.md).
+    `join=True` (continuous batching, joining.py): a request that arrives while a batch decodes takes a
+    finished row's place in it at the next host sync instead of waiting for the batch to end; each decode
+    then holds `max_batch` rows. Not with `reuse_prefix`.
     """
 
     token_in = True  # rollouts pass earlier turns as Choices: the next prompt holds their sampled ids
@@ -89,7 +92,7 @@ class LocalPolicy:
                  batch_wait_s: float = 0.02, tool_prefix: bool = False, max_context: int | None = None,
                  cuda_graph: bool = True, batch_gap_s: float | None = None, hand_back: bool = True,
                  reuse_prefix: bool = False, prefix_cache_gib: float = 1.0, fused_lora: bool = True,
-                 compile_decode: bool = False):
+                 compile_decode: bool = False, join: bool = False):
         import transformers
 
         if int(transformers.__version__.split(".")[0]) < 5:  # StaticCache, attention interface: 5.x APIs
@@ -113,10 +116,16 @@ class LocalPolicy:
         # step's share): the rows' real and left-padded prompt tokens, decode steps, the seconds in
         # prefill and in the decode loop, and the seconds requests waited to join a batch. With
         # reuse_prefix, the prompt columns prefilled fall below the padded ones by about those copied
-        # from earlier turns (reused_tokens); keep_s is the copying out of this turn's rows.
+        # from earlier turns (reused_tokens); keep_s is the copying out of this turn's rows. With join,
+        # `joined` counts the rows that joined a running decode.
         self.decode_stats = dict.fromkeys(("rows", "prompt_tokens", "padded_prompt_tokens", "prefill_tokens",
                                            "reused_tokens", "decode_steps", "prefill_s", "decode_s", "keep_s",
-                                           "queue_wait_s"), 0.0)
+                                           "queue_wait_s", "joined"), 0.0)
+        if join and reuse_prefix:
+            raise ValueError("join and reuse_prefix cannot be combined yet (a kept prefix is written from a batch's "
+                             "first column): turn one off (policy_join / policy_reuse_prefix)")
+        self.join = join
+        self._carry: list[_Request] = []  # requests that waited through a joining decode without fitting it
         self.prefix_cache = PrefixCache(int(prefix_cache_gib * 2**30)) if reuse_prefix else None
         self.last_batch_size = 0
         self._prefix_ids = tokenizer.encode(_TOOL_PREFIX, add_special_tokens=False)
@@ -164,7 +173,7 @@ class LocalPolicy:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._worker is None or self._worker.done():
             # A new event loop (each asyncio.run, each test) gets its own queue and worker.
-            self._loop, self._queue = loop, asyncio.Queue()
+            self._loop, self._queue, self._carry = loop, asyncio.Queue(), []
             self._worker = loop.create_task(self._serve())
         request = _Request(list(prompt) + forced, len(forced), max(1, min(max_tokens, room)),
                            float(temperature), loop.create_future())
@@ -174,7 +183,8 @@ class LocalPolicy:
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
+            batch, self._carry = self._carry[: self.max_batch], self._carry[self.max_batch:]
+            batch = batch or [await self._queue.get()]
             deadline = loop.time() + self.batch_wait_s
             while len(batch) < self.max_batch:
                 wait = max(0.0, deadline - loop.time())
@@ -189,17 +199,39 @@ class LocalPolicy:
                 if not r.future.done():  # the caller may have given up (timeout, cancel)
                     groups.setdefault((r.temperature, r.n_forced), []).append(r)
             for group in groups.values():
+                taken = list(group)
                 try:
+                    if self.join:  # answers its requests itself, as their rows end
+                        await self._decode_joining(group, taken)
+                        continue
                     choices = await asyncio.to_thread(self._generate, group)
                 except Exception as e:  # a crash in generate fails these requests, not the worker
                     error = PolicyError(f"{self.name}: generation failed: {type(e).__name__}: {e}")
-                    for r in group:
+                    for r in taken:
                         if not r.future.done():
                             r.future.set_exception(error)
                     continue
                 for r, choice in zip(group, choices):
                     if not r.future.done():
                         r.future.set_result(choice)
+
+    async def _decode_joining(self, group: list[_Request], taken: list[_Request]) -> None:
+        """`group`'s decode, which requests queued meanwhile join (joining.py); those that could not stay
+        first in line for the next batch."""
+        from mcp_rl.policies import joining
+
+        inbox = joining.Inbox()
+
+        async def feed() -> None:
+            while True:
+                inbox.put(await self._queue.get())
+
+        feeder = asyncio.get_running_loop().create_task(feed())
+        try:
+            await asyncio.to_thread(joining.decode, self, group, inbox, taken)
+        finally:
+            feeder.cancel()
+            self._carry.extend(inbox.drain())
 
     def _generate(self, reqs: list[_Request]) -> list[Any]:
         # A hand-written decode loop instead of `model.generate`: on a GPU a small model's

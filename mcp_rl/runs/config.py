@@ -61,6 +61,8 @@ class Config:
     policy_prefix_cache_gib: float = _f(4.0, "local policy: the prefix cache's bound, GiB (emptied before each update)")
     policy_compile_decode: bool = _f(False, "local policy (transformers loader): the one-token decode step through "
                                             "torch.compile (H100: 1.2x a decode step, ~30 s of compiling: bench/RESULTS.md)")
+    policy_join: bool = _f(False, "local policy: continuous batching: a request that arrives while a batch decodes joins "
+                                  "it in a finished row's place (mcp_rl/policies/joining.py; not with policy_reuse_prefix)")
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
     scenarios: str = _f("data/scenarios.jsonl", "JSONL scenarios with a split field")
     out: str = _f("runs/demo", "run folder: checkpoints, metrics.jsonl, report")
@@ -101,6 +103,9 @@ class Config:
         if self.policy_batch_wait_s < 0 or (self.policy_batch_gap_s is not None and self.policy_batch_gap_s < 0):
             raise ValueError("policy_batch_wait_s and policy_batch_gap_s are seconds >= 0 (policy_batch_gap_s may be "
                              f"null), got {self.policy_batch_wait_s}, {self.policy_batch_gap_s}")
+        if self.policy_join and self.policy_reuse_prefix:
+            raise ValueError("policy_join and policy_reuse_prefix cannot be combined yet (the cpu preset turns the "
+                             "reuse on): set policy_reuse_prefix=false to join rows into a running decode")
         if self.train.deadline_s < 0 or self.train.train_budget_s < 0:
             raise ValueError("train.deadline_s and train.train_budget_s are seconds >= 0 (0 = none), got "
                              f"{self.train.deadline_s}, {self.train.train_budget_s}")

@@ -45,7 +45,7 @@ ENV = {"server_token": "MCP_RL_TOKEN", "worker_token": "MCP_RL_WORKER_TOKEN"}
 # The shared sections: every command that talks to a server, loads a model or sends work to workers.
 SERVER = ("server", "server_token", "server_tools", "deny_tools", "allow_side_effects", "read_only_tools")
 MODEL = ("model", "load_in_4bit", "tool_prefix", "policy_batch", "policy_reuse_prefix", "policy_prefix_cache_gib",
-         "policy_compile_decode")
+         "policy_compile_decode", "policy_join")
 WORKERS = ("rollout_workers", "worker_token", "policy_port")
 
 
@@ -149,4 +149,4 @@ def local_policy(cfg: Config, adapter: str | None = None, *, base_from_adapter: 
     return load_policy(None if adapter and base_from_adapter else cfg.model, adapter, name=name,
                        quantize_4bit=cfg.load_in_4bit, tool_prefix=cfg.tool_prefix, max_batch=cfg.policy_batch,
                        reuse_prefix=cfg.policy_reuse_prefix, prefix_cache_gib=cfg.policy_prefix_cache_gib,
-                       compile_decode=cfg.policy_compile_decode)
+                       compile_decode=cfg.policy_compile_decode, join=cfg.policy_join)

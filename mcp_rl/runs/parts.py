@@ -124,7 +124,7 @@ def build_trainer(cfg: Config, *, model: tuple[Any, Any] | None = None) -> Train
     model, tokenizer = model or load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit, dtype=dtype)
     policy = LocalPolicy(model, tokenizer, reuse_prefix=cfg.policy_reuse_prefix,
                          prefix_cache_gib=cfg.policy_prefix_cache_gib, compile_decode=cfg.policy_compile_decode,
-                         **_policy_kwargs(cfg))
+                         join=cfg.policy_join, **_policy_kwargs(cfg))
     return PortableTrainer(policy, learning_rate=t.learning_rate, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                            loss=t.loss, micro_batch_size=t.micro_batch_size, max_seq_len=t.max_seq_len, precision=t.precision,
                            gradient_checkpointing=t.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens,
