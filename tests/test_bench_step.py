@@ -37,13 +37,15 @@ def test_a_run_goes_on_from_its_rows_with_first_step(tmp_path, capsys):
 
 
 @pytest.mark.timeout(600)
-def test_join_runs_the_new_mode_with_continuous_batching(tmp_path):
+def test_the_join_mode_is_new_with_continuous_batching(tmp_path):
     from mcp_rl.policies.models import load_local_tokenizer
 
     load_local_tokenizer().save_pretrained(tmp_path / "tok")
     out = tmp_path / "steps.txt"
-    assert bench_step.main(["--random-weights", str(tmp_path / "tok"), "--out", str(out), "--join", *TINY]) == 0
+    assert bench_step.main(["--random-weights", str(tmp_path / "tok"), "--out", str(out), "--modes", "new", "join",
+                            *TINY]) == 0
     rows = {r["mode"]: r for r in map(json.loads, out.with_suffix(".jsonl").read_text().splitlines())}
-    assert rows["new"]["join"] and not rows["old"].get("join")
-    assert rows["new"]["decode"]["rows"] >= 2 and "joined" in rows["new"]["decode"]
-    assert "| joined |" in out.read_text()
+    assert rows["join"]["join"] and not rows["new"].get("join") and sorted(rows) == ["join", "new"]
+    assert rows["join"]["decode"]["rows"] >= 2 and "joined" in rows["join"]["decode"]
+    table = out.read_text()
+    assert "| joined |" in table and "speedup over new: join " in table

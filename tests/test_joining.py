@@ -3,11 +3,26 @@ decodes joins it in a finished row's slot and gets the tokens and logprobs of de
 (another temperature, a prompt longer than the columns left of the batch's) waits for the next batch."""
 
 import asyncio
+import time
 
 import pytest
 
+from mcp_rl.policies import joining
 from mcp_rl.policies.local_policy import LocalPolicy
 from test_local_policy import CONVERSATIONS, forward_logprobs, ids_of, tiny, tiny_gemma, tok  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def slow_steps(monkeypatch):
+    """A decode step of 3 ms at least: the tiny model's steps take microseconds on a fast machine, and a test's
+    late requests must arrive while the decode still runs."""
+    step = joining.SlotDecoder.step
+
+    def slow(self, tokens, column):
+        time.sleep(0.003)
+        return step(self, tokens, column)
+
+    monkeypatch.setattr(joining.SlotDecoder, "step", slow)
 
 
 async def while_decoding(policy):
@@ -65,11 +80,11 @@ async def test_a_prompt_longer_than_the_room_left_of_the_batch_waits(tok, tiny):
     """A request joins with its prompt ending at the batch's current column; one longer than every column
     left of it (the first prompts plus the room kept for later turns) is decoded in the next batch."""
     policy = LocalPolicy(tiny, tok, join=True, max_batch=4)
-    long_prompt = [{"role": "user", "content": "word " * 120}]
-    first = asyncio.ensure_future(policy.complete(CONVERSATIONS[0], [], max_tokens=6, temperature=0))
+    long_prompt = [{"role": "user", "content": "word " * 120}]  # ~125 tokens; the first prompt's ~10 + room 2 x 20
+    first = asyncio.ensure_future(policy.complete(CONVERSATIONS[0], [], max_tokens=20, temperature=0))
     await while_decoding(policy)
     choice = await policy.complete(long_prompt, [], max_tokens=6, temperature=0)
-    await first
+    assert first.done()  # it waited for the first decode to end
     assert policy.generate_calls == 2 and policy.decode_stats["joined"] == 0
     assert ids_of(choice) == ids_of(await LocalPolicy(tiny, tok).complete(long_prompt, [], max_tokens=6, temperature=0))
 

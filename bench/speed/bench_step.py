@@ -132,14 +132,15 @@ async def bench(args) -> list[dict]:
              "new": {"batch_wait_s": args.wait, "batch_gap_s": args.gap, "micro_batch_tokens": args.micro_batch_tokens,
                      "hand_back": True, "packed_gqa": True, "packed": args.packed,
                      "reuse_prefix": args.reuse_prefix, "fused_lora": True, "levers": True,
-                     "compile_decode": args.compile_decode, "join": args.join}}
-    modes = {k: v for k, v in modes.items() if k in args.modes}
+                     "compile_decode": args.compile_decode}}
+    modes["join"] = {**modes["new"], "join": True, "reuse_prefix": False}  # new + continuous batching
+    modes = {k: modes[k] for k in args.modes}
     rows: list[dict] = []
     async with parts.open_server(cfg) as server:
         with tempfile.TemporaryDirectory() as tmp:
             start = Path(tmp) / "start"
             trainer.save(start)
-            if args.greedy_scenarios and len(modes) == 2:
+            if args.greedy_scenarios and len(modes) >= 2:
                 from mcp_rl.rollout import gather_rollouts
 
                 seen = {}
@@ -148,13 +149,18 @@ async def bench(args) -> list[dict]:
                     groups = await gather_rollouts(trainer.policy, server, test[: args.greedy_scenarios],
                                                    parts.rollout_config(cfg, temperature=0.0), desc=None)
                     seen[name] = tokens_of(groups)
-                same = sum(a == b for a, b in zip(seen["old"], seen["new"]))
-                rows.append({"check": "greedy tokens identical", "same": same, "of": len(seen["old"])})
-                print(f"greedy check: {same}/{len(seen['old'])} rollouts with identical tokens", flush=True)
+                base, *others = list(seen)
+                for other in others:
+                    same = sum(a == b for a, b in zip(seen[base], seen[other]))
+                    rows.append({"check": f"greedy tokens identical, {base} vs {other}", "same": same,
+                                 "of": len(seen[base])})
+                    print(f"greedy check: {same}/{len(seen[base])} rollouts with identical tokens, {base} vs {other}",
+                          flush=True)
             for step in range(args.first_step - 1, args.first_step - 1 + args.steps):
                 batch = pipeline.step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
-                order = ("old", "new") if step % 2 == 0 else ("new", "old")  # alternate: no mode always goes first
-                for name in (n for n in order if n in modes):
+                names = list(modes)
+                order = names[step % len(names):] + names[: step % len(names)]  # rotate: no mode always goes first
+                for name in order:
                     trainer.load(start)
                     set_mode(trainer, modes[name])
                     torch.manual_seed(cfg.train.seed + step)
@@ -206,22 +212,23 @@ def table(rows: list[dict]) -> str:
                          f"{r.get('max_seq_tokens') or 0:.0f} | {r.get('max_padding') or 0:.0f} | {gib(r.get('peak_rollout_gib'))} / "
                          f"{gib(r.get('peak_update_gib'))} | {d.get('prefill_s', 0):.1f} | {d.get('decode_s', 0):.1f} | "
                          f"{d.get('decode_steps', 0):.0f} | {d.get('joined', 0):.0f} |")
-    steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in ("old", "new")}
-    if steps["old"] and steps["new"]:
-        lines += ["", f"mean step: old {sum(steps['old']) / len(steps['old']):.1f} s, new "
-                  f"{sum(steps['new']) / len(steps['new']):.1f} s, speedup "
-                  f"{(sum(steps['old']) / len(steps['old'])) / max(sum(steps['new']) / len(steps['new']), 1e-9):.2f}x"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    names = list(dict.fromkeys(r["mode"] for r in rows if "mode" in r))  # the first mode is the baseline
+    steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in names}
+    if len(names) >= 2:
+        base = names[0]
+        lines += ["", "mean step: " + ", ".join(f"{m} {mean(steps[m]):.1f} s" for m in names) + "; speedup over "
+                  + base + ": " + ", ".join(f"{m} {mean(steps[base]) / max(mean(steps[m]), 1e-9):.2f}x" for m in names[1:])]
         # Each process's first step of a mode pays one-off costs (compiling with --compile-decode, the allocator).
         later = {m: [r["seconds"] for r in rows if r.get("mode") == m and not r.get("first_of_call", r["step"] == 1)]
-                 for m in steps}
+                 for m in names}
         if all(later.values()):
-            lines += [f"mean without each call's first step: old {sum(later['old']) / len(later['old']):.1f} s, new "
-                      f"{sum(later['new']) / len(later['new']):.1f} s"]
-        upd = {m: [r["train_seconds"] for r in rows if r.get("mode") == m and r.get("train_seconds")] for m in steps}
-        peak = {m: max([r["peak_update_gib"] or 0 for r in rows if r.get("mode") == m], default=0) for m in steps}
-        if upd["old"] and upd["new"]:
-            lines += [f"mean update: old {sum(upd['old']) / len(upd['old']):.1f} s, new {sum(upd['new']) / len(upd['new']):.1f}"
-                      f" s; update peak: old {peak['old']:.1f} GiB, new {peak['new']:.1f} GiB"]
+            lines += ["mean without each call's first step: " + ", ".join(f"{m} {mean(later[m]):.1f} s" for m in names)]
+        upd = {m: [r["train_seconds"] for r in rows if r.get("mode") == m and r.get("train_seconds")] for m in names}
+        peak = {m: max([r["peak_update_gib"] or 0 for r in rows if r.get("mode") == m], default=0) for m in names}
+        if all(upd.values()):
+            lines += ["mean update: " + ", ".join(f"{m} {mean(upd[m]):.1f} s" for m in names) + "; update peak: "
+                      + ", ".join(f"{m} {peak[m]:.1f} GiB" for m in names)]
     lines += [f"{r['check']}: {r['same']}/{r['of']}" for r in rows if "check" in r]
     return "\n".join(lines)
 
@@ -239,22 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse-prefix", action="store_true", help="new mode: keep each episode's KV cache between "
                     "its turns (policy_reuse_prefix, 1.5 GiB); old never does")
     ap.add_argument("--compile-decode", action="store_true", help="new mode: the decode step through torch.compile")
-    ap.add_argument("--join", action="store_true", help="new mode: continuous batching (LocalPolicy's join: a request "
-                    "joins the running decode; each decode holds policy_batch rows)")
     ap.add_argument("--first-step", type=int, default=1, help="start at this step (its batch and seed), appending to "
                     "--out's rows: a run too long for one device call goes on in the next")
     ap.add_argument("--advance", action="store_true", help="keep each step's update (the next step starts after it)")
     ap.add_argument("--random-weights", metavar="TOKENIZER_DIR", default=None, help="random weights (machinery only)")
     ap.add_argument("--shape", choices=("smollm2", "tiny", "qwen3b"), default="smollm2", help="shape for --random-weights")
-    ap.add_argument("--modes", nargs="+", choices=("old", "new"), default=["old", "new"], help="modes to time")
+    ap.add_argument("--modes", nargs="+", choices=("old", "new", "join"), default=["old", "new"],
+                    help="modes to time (join: new with continuous batching, LocalPolicy's join); the first is the "
+                    "baseline the others are compared with")
     ap.add_argument("--memory-cap-gib", type=float, default=0.0, help="cap this process's GPU memory (a T4: 15)")
     ap.add_argument("--jitter-rewards", action="store_true", help="tiny random reward noise, so random weights' "
                     "groups are trained on (time and memory only)")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides")
     ap.add_argument("--out", default=None, help="write the table here (and the rows beside it as .jsonl)")
     args = ap.parse_args(argv)
-    if args.join and args.reuse_prefix:
-        ap.error("--join and --reuse-prefix cannot be combined (LocalPolicy refuses both)")
     if args.first_step > 1 and (args.advance or not args.out):
         ap.error("--first-step goes on from the steps in --out's rows, each from the same start: give --out, "
                  "and no --advance (its steps build on the ones before)")

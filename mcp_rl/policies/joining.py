@@ -2,15 +2,18 @@
 
 Without it a batch decodes until its last row ends while requests that arrive meanwhile (rollouts back from a
 tool call, the late part of a wave) wait for the next batch, and every batch pays its own prefill and its own
-128-odd decode steps. Here a decode keeps `max_batch` slots over one KV cache; at each host sync (every 8 steps)
+128-odd decode steps. Here a decode keeps slots over one KV cache (twice as many as the requests that start it,
+within `max_batch`); at each host sync (every 8 steps)
 finished rows are answered and waiting requests take the free slots: their prompts are prefilled together as a
 batch of their own (decoder.Decoder) and their keys and values copied into the slot's cache columns ending at
 the column the whole batch last wrote, so every row keeps writing the same column each step (what the CUDA
 graph's fixed shapes need; the graph's buffers stay where they are). A row's positions are its own, counted from
 its prompt's first token, as in a left-padded batch.
 
-By hand because transformers' continuous batching (`generate_batch`, paged attention) returns no per-token
-log-probs and samples through its own cache manager, not our CUDA-graph step over the LoRA's live weights.
+By hand because transformers' continuous batching (`generate_batch`, paged attention; 5.24) gives the log-probs
+of the temperature-scaled distribution it samples from (`return_logprobs`: model_runner._sample), not the
+temperature-1 log-probs our trainer compares with (DESIGN.md), has no stop string (`</tool_call>`) or forced
+prefix, and runs its own cache and graphs instead of our decode step (fused LoRA sampling, the packed GQA).
 Exactness: a joined row's tokens are those of decoding it alone up to float rounding (tests/test_joining.py).
 Not combined with `reuse_prefix` (a kept prefix is written from a batch's first column; refused in LocalPolicy).
 """
@@ -118,7 +121,9 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
     model, stats, loop = policy.model, policy.decode_stats, policy._loop
     device, pad = model.device, policy.stop_ids[0]
     temperature, n_forced, most = first[0].temperature, first[0].n_forced, max(r.max_new for r in first)
-    rows, budget = max(policy.max_batch, len(first)), STEPS * most + SYNC
+    # Rows cost every step whether filled or not (SmolLM2 on an H100: 12-16 ms a step at 192 rows against ~10 for
+    # the batches they replaced, bench/HISTORY.md section 28): room for as many again as started it, within max_batch.
+    rows, budget = max(len(first), min(policy.max_batch, 2 * len(first) + SYNC)), STEPS * most + SYNC
     top = max(len(r.prompt_ids) for r in first) + ROOM * most - 1  # the first prompts' last column
     slots: list = [None] * rows
     begin, forced = [0] * rows, [[] for _ in range(rows)]

@@ -83,7 +83,7 @@ class LocalPolicy:
     compiling for a small model on an H100, again for a new batch shape; bench/RESULTS.md).
     `join=True` (continuous batching, joining.py): a request that arrives while a batch decodes takes a
     finished row's place in it at the next host sync instead of waiting for the batch to end; each decode
-    then holds `max_batch` rows. Not with `reuse_prefix`.
+    then has room for as many rows again as started it (within `max_batch`). Not with `reuse_prefix`.
     """
 
     token_in = True  # rollouts pass earlier turns as Choices: the next prompt holds their sampled ids
