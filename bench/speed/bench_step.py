@@ -186,6 +186,8 @@ async def bench(args) -> list[dict]:
                            # where the rollouts' seconds went (LocalPolicy.decode_stats over this step)
                            "decode": rec.get("decode")}
                     row["update_seconds"] = round(row["seconds"] - row["rollout_seconds"], 2)
+                    row["rollout_gaps"] = gaps([s for s in trainer.policy.decode_spans if s[0] >= t0],
+                                               t0, t0 + rec["rollout_seconds"])
                     row["first_of_call"] = not any(r.get("mode") == name for r in rows)  # pays this process's warm-up
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -197,21 +199,39 @@ async def bench(args) -> list[dict]:
     return rows
 
 
+def gaps(spans: list[tuple[float, float]], start: float, end: float) -> dict:
+    """Where the rollouts' seconds went outside the GPU's decodes (LocalPolicy.decode_spans): before the first
+    decode, between decodes, after the last (the step's tool calls, sessions, tokenizing and batches filling).
+
+    >>> gaps([(1.0, 2.0), (2.5, 4.0)], 0.0, 5.0)
+    {'before_first_s': 1.0, 'between_s': 0.5, 'after_last_s': 1.0, 'decoding_s': 2.5}
+    """
+    if not spans:
+        return {"before_first_s": round(end - start, 3), "between_s": 0.0, "after_last_s": 0.0, "decoding_s": 0.0}
+    spans = sorted(spans)
+    between = sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+    return {"before_first_s": round(spans[0][0] - start, 3), "between_s": round(between, 3),
+            "after_last_s": round(max(0.0, end - spans[-1][1]), 3),
+            "decoding_s": round(sum(b - a for a, b in spans), 3)}
+
+
 def table(rows: list[dict]) -> str:
     gib = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731  (no GPU: no peaks)
     lines = ["| step | mode | step s | rollouts s | rewards + update s | update s | decodes | trained tokens | "
              "update tok/s | longest seq | padding | peak GiB rollouts / update | prefill s | decode s | decode steps | "
-             "joined |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "joined | no decode running: before / between / after s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "mode" in r:
             d = r.get("decode") or {}  # the rollouts' sampling: GPU seconds in prefill and decode, rows that joined
+            g = r.get("rollout_gaps") or {}
             lines.append(f"| {r['step']} | {r['mode']} | {r['seconds']:.1f} | {r['rollout_seconds']:.1f} | "
                          f"{r['update_seconds']:.1f} | {r.get('train_seconds') or 0:.1f} | {r['generate_calls']} | "
                          f"{r.get('num_tokens') or 0:.0f} | {r.get('tokens_per_s') or 0:.0f} | "
                          f"{r.get('max_seq_tokens') or 0:.0f} | {r.get('max_padding') or 0:.0f} | {gib(r.get('peak_rollout_gib'))} / "
                          f"{gib(r.get('peak_update_gib'))} | {d.get('prefill_s', 0):.1f} | {d.get('decode_s', 0):.1f} | "
-                         f"{d.get('decode_steps', 0):.0f} | {d.get('joined', 0):.0f} |")
+                         f"{d.get('decode_steps', 0):.0f} | {d.get('joined', 0):.0f} | "
+                         f"{g.get('before_first_s', 0):.1f} / {g.get('between_s', 0):.1f} / {g.get('after_last_s', 0):.1f} |")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     names = list(dict.fromkeys(r["mode"] for r in rows if "mode" in r))  # the first mode is the baseline
     steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in names}

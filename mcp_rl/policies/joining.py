@@ -212,4 +212,5 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
     stats["decode_steps"] += t + 1
     stats["prefill_s"] += prefill_s
     stats["decode_s"] += decoded - start - prefill_s
+    policy.decode_spans.append((start, decoded))
     policy.last_batch_size = len(taken)

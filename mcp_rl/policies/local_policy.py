@@ -21,6 +21,7 @@ re-exported here.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +129,7 @@ class LocalPolicy:
         self._carry: list[_Request] = []  # requests that waited through a joining decode without fitting it
         self.prefix_cache = PrefixCache(int(prefix_cache_gib * 2**30)) if reuse_prefix else None
         self.last_batch_size = 0
+        self.decode_spans: collections.deque = collections.deque(maxlen=4096)  # (start, end) monotonic, each decode
         self._prefix_ids = tokenizer.encode(_TOOL_PREFIX, add_special_tokens=False)
         self.stop_ids = self._stop_ids()
         self._queue: asyncio.Queue | None = None
@@ -316,6 +318,7 @@ class LocalPolicy:
         stats["decode_s"] += decoded - prefilled
         stats["keep_s"] += time.monotonic() - decoded
         stats["queue_wait_s"] += sum(start - r.queued for r in reqs)
+        self.decode_spans.append((start, time.monotonic()))
         self.generate_calls += 1
         self.last_batch_size = n
         return [self._choice(r, new[i], new_lp[i], forced[i]) for i, r in enumerate(reqs)]
