@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from mcp_rl.policies.batch_decode import resolve
 from mcp_rl.policies.decoder import Decoder
 
 ROOM = 2  # x max_tokens: empty columns left of the first prompts, so a later, longer prompt (a next turn) fits
@@ -113,7 +114,6 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
     those still unanswered if this raises)."""
     import torch
 
-    from mcp_rl.policies.local_policy import _resolve
     from mcp_rl.training.kernels import lora_sampling
 
     if policy.prefix_cache is not None:
@@ -174,7 +174,7 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
                 r, slots[i] = slots[i], None
                 if not r.future.cancelled():
                     choice = policy._choice(r, toks[begin[i]:], lp[begin[i]:], forced[i])
-                    loop.call_soon_threadsafe(_resolve, r.future, choice)
+                    loop.call_soon_threadsafe(resolve, r.future, choice)
 
         first = [r for r in first if not r.future.done()]
         logits = admit(first, top, 0, None) if first else None

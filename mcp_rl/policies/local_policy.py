@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcp_rl.policies.chat_templates import HERMES_TEMPLATE, art_tokenizer, install_tool_template, prompt_ids
-from mcp_rl.policies.decoder import Decoder, stop_string_end
+from mcp_rl.policies.decoder import stop_string_end
 from mcp_rl.policies.models import SMOLLM2, load_local_model, load_local_tokenizer
 from mcp_rl.policies.policy import ContextOverflow, PolicyError, choice_from_text
 from mcp_rl.policies.prefix_cache import PrefixCache
@@ -37,11 +37,6 @@ __all__ = ["SMOLLM2", "load_local_model", "load_local_tokenizer", "LocalPolicy",
 
 _TOOL_PREFIX = '<tool_call>\n{"name": "'
 STOP_STRING = "</tool_call>"
-
-
-def _resolve(future: asyncio.Future, choice: Any) -> None:
-    if not future.done():  # the caller may have given up (timeout, cancel)
-        future.set_result(choice)
 
 
 @dataclass
@@ -236,108 +231,14 @@ class LocalPolicy:
             self._carry.extend(inbox.drain())
 
     def _generate(self, reqs: list[_Request]) -> list[Any]:
-        # A hand-written decode loop instead of `model.generate`: on a GPU a small model's
-        # decode step is all launch overhead (~40-110 ms a step through generate, for 135M and
-        # 3B alike, bench/RESULTS.md), which only a CUDA graph removes, and generate cannot
-        # replay one without torch.compile (minutes of compiling, per batch shape).
-        import torch
+        from mcp_rl.policies import batch_decode
 
-        device = self.model.device
-        n, width = len(reqs), max(len(r.prompt_ids) for r in reqs)
-        max_new, pad = max(r.max_new for r in reqs), self.stop_ids[0]  # pad with end-of-turn: cut anyway
-        n_forced, temperature = reqs[0].n_forced, reqs[0].temperature
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        keep = torch.zeros((n, width), dtype=torch.bool)
-        for i, r in enumerate(reqs):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            keep[i, width - len(r.prompt_ids):] = True
-        ids, keep = ids.to(device), keep.to(device)
-        start = time.monotonic()
-        plan, version = None, None
-        if self.prefix_cache is not None:
-            version = self._weights_version()
-            self.prefix_cache.check(version)
-            plan = self.prefix_cache.plan([r.prompt_ids for r in reqs], n_forced)
-        from mcp_rl.training.kernels import lora_sampling
-
-        with torch.inference_mode(), lora_sampling(self.model, on=self.fused_lora):
-            decoder = Decoder(self.model, ids, keep, width + max_new,
-                               cuda_graph=self.cuda_graph and device.type == "cuda", compiled=self.compile_decode)
-            logits, forced_lp = decoder.prefill(n_forced, plan.window if plan else None, plan.copies if plan else ())
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # one sync a batch, so prefill and decode time apart
-            prefilled = time.monotonic()
-            tokens = torch.full((n, max_new), pad, dtype=torch.long, device=device)
-            lps = torch.zeros((n, max_new), dtype=torch.float32, device=device)
-            done = torch.zeros(n, dtype=torch.bool, device=device)
-            stops, checked = torch.tensor(self.stop_ids, device=device), 0
-            limits = torch.tensor([r.max_new for r in reqs], device=device)
-            handed = torch.zeros(n, dtype=torch.bool, device=device)
-            forced = forced_lp.tolist() if forced_lp is not None else [[] for _ in reqs]
-            fed = 0  # sampled tokens whose keys and values are in the cache
-            for t in range(max_new):
-                lp = torch.log_softmax(logits.float(), -1)  # logprobs at temperature 1 (DESIGN.md)
-                if temperature > 0:
-                    tok = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1)[:, 0]
-                else:
-                    tok = lp.argmax(-1)
-                tok = torch.where(done, pad, tok)
-                tokens[:, t], lps[:, t] = tok, lp.gather(-1, tok[:, None])[:, 0]
-                done |= torch.isin(tok, stops)
-                if (t + 1) % 8 == 0 or t + 1 == max_new:  # host syncs every 8 steps, not every step
-                    checked = self._stop_at_string(tokens, done, checked, t + 1)
-                    gone = [i for i, r in enumerate(reqs) if r.future.cancelled()]  # callers that gave up
-                    if gone:
-                        done[gone] = True
-                    done |= limits <= t + 1  # a row past its own max_tokens is finished too
-                    finished = done & ~handed
-                    if self.hand_back and t + 1 < max_new and bool(finished.any()):
-                        handed |= finished
-                        self._hand_back(reqs, finished, tokens[:, : t + 1], lps[:, : t + 1], forced)
-                    if bool(done.all()):
-                        break
-                if t + 1 < max_new:
-                    logits = decoder.step(tok, width + t)
-                    fed += 1
-            new, new_lp = tokens.tolist(), lps.tolist()
-            decoded = time.monotonic()
-            if plan is not None and self._weights_version() != version:  # updated mid-decode: mixed states
-                self.prefix_cache.clear()
-            elif plan is not None:  # each row's ids that went through the model, from its first column on
-                self.prefix_cache.keep(plan, [None if r.future.cancelled() else (
-                    r.prompt_ids + new[i][:min(self._end(new[i], r.max_new), fed)], width - len(r.prompt_ids))
-                    for i, r in enumerate(reqs)], decoder.kept)
-        stats = self.decode_stats
-        stats["rows"] += n
-        stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in reqs)
-        stats["padded_prompt_tokens"] += n * width
-        stats["prefill_tokens"] += n * (plan.window if plan else width)
-        stats["reused_tokens"] += plan.reused if plan else 0
-        stats["decode_steps"] += t + 1
-        stats["prefill_s"] += prefilled - start
-        stats["decode_s"] += decoded - prefilled
-        stats["keep_s"] += time.monotonic() - decoded
-        stats["queue_wait_s"] += sum(start - r.queued for r in reqs)
-        self.decode_spans.append((start, time.monotonic()))
-        self.generate_calls += 1
-        self.last_batch_size = n
-        return [self._choice(r, new[i], new_lp[i], forced[i]) for i, r in enumerate(reqs)]
+        return batch_decode.decode(self, reqs)
 
     def _end(self, tokens: list[int], max_new: int) -> int:
         """How many sampled tokens a row's Choice keeps: up to its end-of-turn, within its max_tokens."""
         stop = next((t for t, tok in enumerate(tokens) if tok in self.stop_ids), None)
         return min(stop if stop is not None else len(tokens), max_new)
-
-    def _hand_back(self, reqs: list[_Request], rows: Any, tokens: Any, lps: Any, forced: list) -> None:
-        """Answer the requests of `rows` (finished) now, while the batch decodes its longer rows.
-
-        Their rollouts go on to their tool calls during the decode's tail instead of after it, and
-        are back in the queue for the next batch when this one ends (the serve loop skips answered
-        futures). Called from the decode thread: results go to the event loop thread-safely."""
-        index = rows.nonzero()[:, 0].tolist()
-        for i, toks, lp in zip(index, tokens[index].tolist(), lps[index].tolist()):
-            choice = self._choice(reqs[i], toks, lp, forced[i])
-            self._loop.call_soon_threadsafe(_resolve, reqs[i].future, choice)
 
     def _stop_at_string(self, tokens: Any, done: Any, checked: int, upto: int) -> int:
         """Finish the rows whose text gained `</tool_call>` since token `checked`; returns `upto`.

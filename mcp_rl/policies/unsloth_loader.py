@@ -142,6 +142,9 @@ class UnslothPolicy(LocalPolicy):
     """
 
     def __init__(self, model: Any, tokenizer: Any, **kwargs: Any):
+        if kwargs.get("join"):
+            raise ValueError("join (continuous batching) needs LocalPolicy's own decode step; Unsloth decodes through "
+                             "its generate: leave policy_join off with train.loader = 'unsloth'")
         kwargs["cuda_graph"] = False  # Unsloth's decode has its own cache; no graph capture
         super().__init__(model, tokenizer, **kwargs)
 

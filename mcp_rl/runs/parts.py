@@ -118,7 +118,7 @@ def build_trainer(cfg: Config, *, model: tuple[Any, Any] | None = None) -> Train
         model, tokenizer = load_unsloth_model(cfg.model, load_in_4bit=cfg.load_in_4bit, dtype=dtype,
                                               max_seq_len=t.max_seq_len, lora_r=t.lora_r, lora_alpha=t.lora_alpha,
                                               seed=t.seed)
-        policy = UnslothPolicy(model, tokenizer, **_policy_kwargs(cfg))
+        policy = UnslothPolicy(model, tokenizer, join=cfg.policy_join, **_policy_kwargs(cfg))  # join: refused there
         return PortableTrainer(policy, learning_rate=t.learning_rate, loss=t.loss, micro_batch_size=t.micro_batch_size,
                                max_seq_len=t.max_seq_len, precision=t.precision)
     model, tokenizer = model or load_local_model(cfg.model, quantize_4bit=cfg.load_in_4bit, dtype=dtype)
