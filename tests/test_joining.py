@@ -9,6 +9,7 @@ import pytest
 
 from mcp_rl.policies import joining
 from mcp_rl.policies.local_policy import LocalPolicy
+from mcp_rl.policies.policy import PolicyError
 from test_local_policy import CONVERSATIONS, forward_logprobs, ids_of, tiny, tiny_gemma, tok  # noqa: F401
 
 
@@ -52,6 +53,7 @@ async def test_requests_that_join_a_running_decode_get_the_forward_pass_logprobs
     late = [CONVERSATIONS[0], CONVERSATIONS[2], CONVERSATIONS[0]]
     joined = await long_then_late(policy, late, max_tokens=12)
     assert policy.generate_calls == 1 and policy.decode_stats["joined"] == 3  # all three joined the long decode
+    assert policy.last_batch_size == 4
     for choice, messages in zip(joined, late):
         assert len(ids_of(choice)) == 12 + len(policy._prefix_ids) * tool_prefix  # past Gemma's window of 4: the sliding mask moved with the row
         assert [t.logprob for t in choice.logprobs.content] == pytest.approx(
@@ -104,3 +106,23 @@ async def test_a_caller_that_gives_up_frees_its_slot(tok, tiny):  # noqa: F811
 def test_join_refuses_the_prefix_cache(tok, tiny):  # noqa: F811
     with pytest.raises(ValueError, match="policy_reuse_prefix"):
         LocalPolicy(tiny, tok, join=True, reuse_prefix=True)
+
+
+async def test_a_decode_that_fails_fails_the_requests_it_took_too(tok, tiny, monkeypatch):  # noqa: F811
+    """A request taken to join (an out-of-memory prefill, say) gets the error, not a wait without end."""
+    admit, calls = joining.SlotDecoder.admit, []
+
+    def second_fails(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory (as a test)")
+        return admit(self, *args)
+
+    monkeypatch.setattr(joining.SlotDecoder, "admit", second_fails)
+    policy = LocalPolicy(tiny, tok, join=True, max_batch=4)
+    first = asyncio.ensure_future(policy.complete(CONVERSATIONS[1], [], max_tokens=150, temperature=0))
+    await while_decoding(policy)
+    late = asyncio.ensure_future(policy.complete(CONVERSATIONS[0], [], max_tokens=4, temperature=0))
+    for request in (first, late):
+        with pytest.raises(PolicyError, match="out of memory"):
+            await asyncio.wait_for(request, 10)

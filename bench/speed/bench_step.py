@@ -160,6 +160,8 @@ async def bench(args) -> list[dict]:
                 batch = pipeline.step_batch(train, step, cfg.train.groups_per_step, cfg.train.seed)
                 names = list(modes)
                 order = names[step % len(names):] + names[: step % len(names)]  # rotate: no mode always goes first
+                if len(names) > 2 and (step // len(names)) % 2:  # and, with three, none always follows the same one
+                    order.reverse()
                 for name in order:
                     trainer.load(start)
                     set_mode(trainer, modes[name])
@@ -215,7 +217,8 @@ def gaps(spans: list[tuple[float, float]], start: float, end: float) -> dict:
             "decoding_s": round(sum(b - a for a, b in spans), 3)}
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], modes: list[str] | None = None) -> str:
+    """The rows as a markdown table and the means; `modes` (as --modes gave them): the first is the baseline."""
     gib = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731  (no GPU: no peaks)
     lines = ["| step | mode | step s | rollouts s | rewards + update s | update s | decodes | trained tokens | "
              "update tok/s | longest seq | padding | peak GiB rollouts / update | prefill s | decode s | decode steps | "
@@ -233,7 +236,8 @@ def table(rows: list[dict]) -> str:
                          f"{d.get('decode_steps', 0):.0f} | {d.get('joined', 0):.0f} | "
                          f"{g.get('before_first_s', 0):.1f} / {g.get('between_s', 0):.1f} / {g.get('after_last_s', 0):.1f} |")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    names = list(dict.fromkeys(r["mode"] for r in rows if "mode" in r))  # the first mode is the baseline
+    present = list(dict.fromkeys(r["mode"] for r in rows if "mode" in r))
+    names = [m for m in (modes or []) if m in present] + [m for m in present if m not in (modes or [])]
     steps = {m: [r["seconds"] for r in rows if r.get("mode") == m] for m in names}
     if len(names) >= 2:
         base = names[0]
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows_file.write_text("")
     rows = asyncio.run(bench(args))
-    text = table(earlier + rows)
+    text = table(earlier + rows, args.modes)
     print(text, flush=True)
     if args.out:
         out = Path(args.out)

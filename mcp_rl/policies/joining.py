@@ -3,7 +3,7 @@
 Without it a batch decodes until its last row ends while requests that arrive meanwhile (rollouts back from a
 tool call, the late part of a wave) wait for the next batch, and every batch pays its own prefill and its own
 128-odd decode steps. Here a decode keeps slots over one KV cache (twice as many as the requests that start it,
-within `max_batch`); at each host sync (every 8 steps)
+plus 8, within `max_batch`); at each host sync (every 8 steps)
 finished rows are answered and waiting requests take the free slots: their prompts are prefilled together as a
 batch of their own (decoder.Decoder) and their keys and values copied into the slot's cache columns ending at
 the column the whole batch last wrote, so every row keeps writing the same column each step (what the CUDA
@@ -30,6 +30,7 @@ from mcp_rl.policies.decoder import Decoder
 ROOM = 2  # x max_tokens: empty columns left of the first prompts, so a later, longer prompt (a next turn) fits
 STEPS = 4  # x max_tokens: the decode steps one joining decode may run; then the next batch starts afresh
 SYNC = 8  # steps between host syncs: where rows finish and join
+SPARE = 8  # rows: a decode has room for twice the requests that start it, plus SPARE (within max_batch)
 
 
 class Inbox:
@@ -110,20 +111,24 @@ class SlotDecoder(Decoder):
 
 def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
     """Decode `first` and whatever joins from `inbox` until no row is left (or the step budget is spent);
-    answers each request when its row ends. `taken` receives every request admitted (the caller fails
-    those still unanswered if this raises)."""
+    answers each request when its row ends. `taken` receives every request taken from the inbox (the
+    caller fails those still unanswered if this raises)."""
     import torch
 
     from mcp_rl.training.kernels import lora_sampling
 
     if policy.prefix_cache is not None:
         raise ValueError("join and reuse_prefix cannot be combined yet: turn one off (policy_join / policy_reuse_prefix)")
+    first = [r for r in first if not r.future.done()]
+    if not first:
+        return
     model, stats, loop = policy.model, policy.decode_stats, policy._loop
     device, pad = model.device, policy.stop_ids[0]
     temperature, n_forced, most = first[0].temperature, first[0].n_forced, max(r.max_new for r in first)
     # Rows cost every step whether filled or not (SmolLM2 on an H100: 12-16 ms a step at 192 rows against ~10 for
     # the batches they replaced, bench/HISTORY.md section 28): room for as many again as started it, within max_batch.
-    rows, budget = max(len(first), min(policy.max_batch, 2 * len(first) + SYNC)), STEPS * most + SYNC
+    rows, budget = max(len(first), min(policy.max_batch, 2 * len(first) + SPARE)), STEPS * most + SYNC
+    rows_before = stats["rows"]
     top = max(len(r.prompt_ids) for r in first) + ROOM * most - 1  # the first prompts' last column
     slots: list = [None] * rows
     begin, forced = [0] * rows, [[] for _ in range(rows)]
@@ -166,7 +171,7 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
             stats["prefill_tokens"] += len(reqs) * max(len(r.prompt_ids) for r in reqs)
             stats["queue_wait_s"] += sum(began - r.queued for r in reqs)
             stats["joined"] += len(reqs) if t else 0
-            taken.extend(reqs)
+            policy.last_batch_size = int(stats["rows"] - rows_before)  # rows this decode took, so far
             return logits
 
         def answer(index: list[int], t: int) -> None:
@@ -176,8 +181,7 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
                     choice = policy._choice(r, toks[begin[i]:], lp[begin[i]:], forced[i])
                     loop.call_soon_threadsafe(resolve, r.future, choice)
 
-        first = [r for r in first if not r.future.done()]
-        logits = admit(first, top, 0, None) if first else None
+        logits = admit(first, top, 0, None)
         last, checked, t = top, 0, 0
         while logits is not None:
             lp = torch.log_softmax(logits.float(), -1)  # logprobs at temperature 1 (DESIGN.md)
@@ -201,6 +205,7 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
                     break
                 free = sum(s is None for s in slots)
                 joiners = inbox.take(lambda r: fits(r, last + 1, t + 1), free) if free else []
+                taken.extend(joiners)  # before anything can raise: the caller fails them then, none is lost
                 if not joiners and all(s is None for s in slots):
                     break
             logits = dec.step(tok, last + 1)
@@ -213,4 +218,3 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
     stats["prefill_s"] += prefill_s
     stats["decode_s"] += decoded - start - prefill_s
     policy.decode_spans.append((start, decoded))
-    policy.last_batch_size = len(taken)

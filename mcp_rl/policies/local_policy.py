@@ -79,7 +79,7 @@ class LocalPolicy:
     compiling for a small model on an H100, again for a new batch shape; bench/RESULTS.md).
     `join=True` (continuous batching, joining.py): a request that arrives while a batch decodes takes a
     finished row's place in it at the next host sync instead of waiting for the batch to end; each decode
-    then has room for as many rows again as started it (within `max_batch`). Not with `reuse_prefix`.
+    then has room for twice the rows that started it, plus 8 (within `max_batch`). Not with `reuse_prefix`.
     """
 
     token_in = True  # rollouts pass earlier turns as Choices: the next prompt holds their sampled ids
@@ -169,8 +169,10 @@ class LocalPolicy:
                                   "use fewer turns or shorter tool results (max_result_chars)")
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._worker is None or self._worker.done():
-            # A new event loop (each asyncio.run, each test) gets its own queue and worker.
-            self._loop, self._queue, self._carry = loop, asyncio.Queue(), []
+            # A new event loop (each asyncio.run, each test) gets its own queue and worker; the same loop's
+            # worker, dead, is restarted on what was waiting.
+            if self._loop is not loop:
+                self._loop, self._queue, self._carry = loop, asyncio.Queue(), []
             self._worker = loop.create_task(self._serve())
         request = _Request(list(prompt) + forced, len(forced), max(1, min(max_tokens, room)),
                            float(temperature), loop.create_future())
@@ -218,6 +220,9 @@ class LocalPolicy:
         from mcp_rl.policies import joining
 
         inbox = joining.Inbox()
+        for r in self._carry:  # those that waited through an earlier decode go first
+            inbox.put(r)
+        self._carry = []
 
         async def feed() -> None:
             while True:
