@@ -55,6 +55,7 @@ def test_overrides_parse_values():
     (["train.warm_start_gate_scenarios=4", "train.warm_start_min_completed=90"], r"share of episodes in \[0, 1\]"),
     (["train.warm_start_max_extra_epochs=-1"], "must be >= 0"),
     (["train.warm_start_max_tool_errors=-0.5"], "count per episode"),
+    (["policy_join=true"], "set policy_reuse_prefix=false"),  # the cpu preset reuses prefixes
 ])
 def test_bad_values_say_how_to_fix(overrides, message):
     with pytest.raises(ValueError, match=message):
