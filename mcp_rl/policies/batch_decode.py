@@ -20,6 +20,22 @@ def resolve(future: Any, choice: Any) -> None:
         future.set_result(choice)
 
 
+def sample(logits: Any, temperature: float, t: int, tokens: Any, lps: Any, done: Any, stops: Any, pad: int) -> Any:
+    """Each row's next token (`pad` for rows already done) into tokens[:, t] and its log-prob at temperature 1
+    (DESIGN.md) into lps[:, t]; rows that drew an end-of-turn token are marked done. Returns the tokens."""
+    import torch
+
+    lp = torch.log_softmax(logits.float(), -1)
+    if temperature > 0:
+        tok = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1)[:, 0]
+    else:
+        tok = lp.argmax(-1)
+    tok = torch.where(done, pad, tok)
+    tokens[:, t], lps[:, t] = tok, lp.gather(-1, tok[:, None])[:, 0]
+    done |= torch.isin(tok, stops)
+    return tok
+
+
 def decode(policy: Any, reqs: list) -> list[Any]:
     """The Choices of `reqs` (one sampling setting) decoded as one batch; with `policy.hand_back` a row that
     ends early is answered at once."""
@@ -59,14 +75,7 @@ def decode(policy: Any, reqs: list) -> list[Any]:
         forced = forced_lp.tolist() if forced_lp is not None else [[] for _ in reqs]
         fed = 0  # sampled tokens whose keys and values are in the cache
         for t in range(max_new):
-            lp = torch.log_softmax(logits.float(), -1)  # logprobs at temperature 1 (DESIGN.md)
-            if temperature > 0:
-                tok = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1)[:, 0]
-            else:
-                tok = lp.argmax(-1)
-            tok = torch.where(done, pad, tok)
-            tokens[:, t], lps[:, t] = tok, lp.gather(-1, tok[:, None])[:, 0]
-            done |= torch.isin(tok, stops)
+            tok = sample(logits, temperature, t, tokens, lps, done, stops, pad)
             if (t + 1) % 8 == 0 or t + 1 == max_new:  # host syncs every 8 steps, not every step
                 checked = policy._stop_at_string(tokens, done, checked, t + 1)
                 gone = [i for i, r in enumerate(reqs) if r.future.cancelled()]  # callers that gave up

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from mcp_rl.policies.batch_decode import resolve
+from mcp_rl.policies.batch_decode import resolve, sample
 from mcp_rl.policies.decoder import Decoder
 
 ROOM = 2  # x max_tokens: empty columns left of the first prompts, so a later, longer prompt (a next turn) fits
@@ -184,14 +184,7 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
         logits = admit(first, top, 0, None)
         last, checked, t = top, 0, 0
         while logits is not None:
-            lp = torch.log_softmax(logits.float(), -1)  # logprobs at temperature 1 (DESIGN.md)
-            if temperature > 0:
-                tok = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1)[:, 0]
-            else:
-                tok = lp.argmax(-1)
-            tok = torch.where(done, pad, tok)
-            tokens[:, t], lps[:, t] = tok, lp.gather(-1, tok[:, None])[:, 0]
-            done |= torch.isin(tok, stops)
+            tok = sample(logits, temperature, t, tokens, lps, done, stops, pad)
             joiners: list = []
             if (t + 1) % SYNC == 0 or t == budget:  # host syncs every SYNC steps, not every step
                 checked = policy._stop_at_string(tokens, done, checked, t + 1)
