@@ -126,7 +126,7 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
     device, pad = model.device, policy.stop_ids[0]
     temperature, n_forced, most = first[0].temperature, first[0].n_forced, max(r.max_new for r in first)
     # Rows cost every step whether filled or not (SmolLM2 on an H100: 12-16 ms a step at 192 rows against ~10 for
-    # the batches they replaced, bench/HISTORY.md section 28): room for as many again as started it, within max_batch.
+    # the batches they replaced, bench/HISTORY.md section 28): room for twice the requests that start it, plus SPARE.
     rows, budget = max(len(first), min(policy.max_batch, 2 * len(first) + SPARE)), STEPS * most + SYNC
     rows_before = stats["rows"]
     top = max(len(r.prompt_ids) for r in first) + ROOM * most - 1  # the first prompts' last column
@@ -183,7 +183,7 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
 
         logits = admit(first, top, 0, None)
         last, checked, t = top, 0, 0
-        while logits is not None:
+        while True:
             tok = sample(logits, temperature, t, tokens, lps, done, stops, pad)
             joiners: list = []
             if (t + 1) % SYNC == 0 or t == budget:  # host syncs every SYNC steps, not every step
