@@ -8,7 +8,8 @@
 The policy samples from the model object in place, so a trainer that updates its
 (LoRA) weights makes the next `complete` use them (DESIGN.md, "Choices").
 Concurrent `complete` calls (a GRPO group, parallel rollouts) are batched into
-one left-padded decode (decoder.py: a StaticCache, replayed as a CUDA graph on a GPU), run in
+one left-padded decode (batch_decode.py; the step is decoder.py's: a StaticCache, replayed as a CUDA
+graph on a GPU; with `join=True` joining.py, where a request joins a decode already running), run in
 a worker thread so the event loop keeps serving MCP calls; the prompt is tokenised in a thread too
 (a megabyte prompt takes seconds). A request whose caller gives up (a cancelled `complete`: the
 served endpoint's client disconnected or ran out of time) is dropped from its batch within 8
