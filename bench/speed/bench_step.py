@@ -18,6 +18,8 @@ only differences are the settings under test. Modes:
        (train.lora_no_upcast, lora_fused_add), both on by default; old runs peft's own paths; with
        --compile-decode new decodes through torch.compile (LocalPolicy's compile_decode; its first step
        pays the compiling)
+  join new with continuous batching (LocalPolicy's join: a request joins the decode already running);
+       `--modes new join` times joining alone, against new
 Each row: step seconds, rollout seconds (the rest is rewards + update), batched decodes, trained
 tokens and tokens/s. Before any step, a greedy check plays `--greedy-scenarios` held-out
 scenarios in both modes from the same weights and counts rollouts whose tokens are identical
