@@ -150,3 +150,9 @@ def test_import_unsloth_if_used_imports_only_for_the_unsloth_loader(monkeypatch)
     assert calls == []
     unsloth_loader.import_unsloth_if_used(NS(train=NS(loader="unsloth")))
     assert calls == [1]
+
+
+def test_unsloth_policy_refuses_join():
+    """Continuous batching needs LocalPolicy's own decode step; Unsloth decodes through its generate."""
+    with pytest.raises(ValueError, match="leave policy_join off"):
+        UnslothPolicy(None, None, join=True)
