@@ -72,6 +72,20 @@ async def test_a_slot_is_reused_and_more_requests_than_slots_queue_for_them(tok,
         assert ids_of(choice) == ids_of(await plain.complete(messages, [], max_tokens=4, temperature=0))
 
 
+async def test_more_late_requests_than_slots_end_the_joining_so_a_wider_batch_takes_them(tok, tiny):  # noqa: F811
+    """A decode started by one request has 10 slots (2 x 1 + 8); when 40 arrive, the decode stops taking joiners,
+    its rows finish, and the next batch takes the rest at once, instead of the 10 slots refilling for up to
+    4 x max_tokens steps (200 decode steps before this rule, against 80 for two plain batches)."""
+    policy = LocalPolicy(tiny, tok, join=True, max_batch=64, batch_wait_s=0.005)
+    first = asyncio.ensure_future(policy.complete(CONVERSATIONS[0], [], max_tokens=40, temperature=0))
+    await while_decoding(policy)
+    late = await asyncio.gather(*[policy.complete(CONVERSATIONS[0], [], max_tokens=40, temperature=0)
+                                  for _ in range(40)])
+    await first
+    assert all(len(ids_of(c)) == 40 for c in late) and policy.decode_stats["rows"] == 41
+    assert policy.generate_calls == 2 and policy.decode_stats["decode_steps"] <= 3 * 40
+
+
 async def test_another_temperature_waits_for_the_next_batch(tok, tiny):  # noqa: F811
     policy = LocalPolicy(tiny, tok, join=True, max_batch=4)
     (choice,) = await long_then_late(policy, CONVERSATIONS[:1], temperature=1.0)
