@@ -63,7 +63,8 @@ class Config:
                                             "torch.compile (H100: 1.2x a decode step, ~30 s of compiling: bench/RESULTS.md)")
     policy_join: bool = _f(False, "local policy: continuous batching: a request that arrives while a batch decodes joins "
                                   "it in a finished row's place (mcp_rl/policies/joining.py; not with policy_reuse_prefix; "
-                                  "for a GPU: spare rows cost a CPU their compute, 2x slower in a 4-episode CPU eval)")
+                                  "for a GPU: spare rows cost a CPU their compute, 2x slower in a 4-episode CPU eval; its KV cache "
+                                  "holds the prompt + ~6 x max_tokens columns a row, the batch's prompt + max_tokens)")
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
     scenarios: str = _f("data/scenarios.jsonl", "JSONL scenarios with a split field")
     out: str = _f("runs/demo", "run folder: checkpoints, metrics.jsonl, report")
