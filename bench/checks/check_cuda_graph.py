@@ -7,6 +7,10 @@ in one run (each timed on its second run, after warm-up).
 
     python bench/checks/check_cuda_graph.py --tokenizer DIR --out bench/results/graph_check.txt
     python bench/checks/check_cuda_graph.py --model gemma3-270m --long    # Gemma 3: sliding-window layers, prompts past 512
+    python bench/checks/check_cuda_graph.py --tokenizer DIR --join   # continuous batching: all but the first join
+
+With --join both policies batch continuously (`join=True`): the first request starts the decode and the others
+are sent once it runs, so they join its graph (or eager) steps in finished rows' slots.
 
 Each row also compares the graph decode's logprobs with one plain forward pass over prompt + tokens
 (max difference; bf16), which checks the masks, the sliding window's included.
@@ -29,13 +33,18 @@ from mcp_rl.policies.local_policy import LocalPolicy  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL  # noqa: E402
 
 
-async def decode(model, tok, msgs, graph: bool) -> tuple[float, list, list]:
+async def decode(model, tok, msgs, graph: bool, join: bool = False) -> tuple[float, list, list]:
     import torch
 
-    policy = LocalPolicy(model, tok, max_batch=64, cuda_graph=graph)
+    policy = LocalPolicy(model, tok, max_batch=64, cuda_graph=graph, join=join)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    choices = await asyncio.gather(*[policy.complete(m, [COMPLETE_TOOL], max_tokens=64, temperature=0) for m in msgs])
+    ask = lambda m: policy.complete(m, [COMPLETE_TOOL], max_tokens=64, temperature=0)  # noqa: E731
+    first = asyncio.ensure_future(ask(msgs[0]))
+    while join and not policy.decode_stats["rows"] and not first.done():  # the others join the running decode
+        await asyncio.sleep(0.001)
+    others = [asyncio.ensure_future(ask(m)) for m in msgs[1:]]
+    choices = await asyncio.gather(first, *others)
     torch.cuda.synchronize()
     return (time.perf_counter() - t0, [[x.token for x in c.logprobs.content] for c in choices],
             [[x.logprob for x in c.logprobs.content] for c in choices])
@@ -60,6 +69,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="SmolLM2's tokenizer folder (the random smollm2-shape model)")
     ap.add_argument("--model", default="smollm2-shape", help="smollm2-shape (random), or an embedded/HF model name")
     ap.add_argument("--long", action="store_true", help="system prompts of ~800 tokens (past Gemma 3's 512 window)")
+    ap.add_argument("--join", action="store_true", help="continuous batching: the requests after the first join its decode")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.model == "smollm2-shape":
@@ -76,11 +86,11 @@ def main() -> int:
                     for m in msgs]
         runs = {}
         for graph in (True, False):
-            asyncio.run(decode(model, tok, msgs, graph))  # warm-up
-            runs[graph] = asyncio.run(decode(model, tok, msgs, graph))
+            asyncio.run(decode(model, tok, msgs, graph, args.join))  # warm-up
+            runs[graph] = asyncio.run(decode(model, tok, msgs, graph, args.join))
         (tg, ig, lg), (te, ie, le) = runs[True], runs[False]
         diff = max(abs(a - b) for x, y in zip(lg, le) for a, b in zip(x, y))
-        lines.append(f"{args.model} n={n}: graph {tg:.2f}s eager {te:.2f}s ({te / tg:.1f}x) | same tokens "
+        lines.append(f"{args.model}{' join' if args.join else ''} n={n}: graph {tg:.2f}s eager {te:.2f}s ({te / tg:.1f}x) | same tokens "
                      f"{sum(a == b for a, b in zip(ig, ie))}/{n} rows | max logprob diff {diff:.4f} | "
                      f"vs plain forward {forward_diff(model, tok, msgs, ig, lg):.4f} | tokens {sum(map(len, ig))}")
         print(lines[-1], flush=True)
