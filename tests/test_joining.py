@@ -75,15 +75,29 @@ async def test_a_slot_is_reused_and_more_requests_than_slots_queue_for_them(tok,
 async def test_more_late_requests_than_slots_end_the_joining_so_a_wider_batch_takes_them(tok, tiny):  # noqa: F811
     """A decode started by one request has 10 slots (2 x 1 + 8); when 40 arrive, the decode stops taking joiners,
     its rows finish, and the next batch takes the rest at once, instead of the 10 slots refilling for up to
-    4 x max_tokens steps (200 decode steps before this rule, against 80 for two plain batches)."""
+    4 x max_tokens steps (160-200 decode steps before this rule, against 80 for two plain batches)."""
     policy = LocalPolicy(tiny, tok, join=True, max_batch=64, batch_wait_s=0.005)
     first = asyncio.ensure_future(policy.complete(CONVERSATIONS[0], [], max_tokens=40, temperature=0))
     await while_decoding(policy)
     late = await asyncio.gather(*[policy.complete(CONVERSATIONS[0], [], max_tokens=40, temperature=0)
                                   for _ in range(40)])
     await first
+    while len(policy.decode_spans) < policy.generate_calls:  # rows are answered before their decode's stats are kept
+        await asyncio.sleep(0.005)
     assert all(len(ids_of(c)) == 40 for c in late) and policy.decode_stats["rows"] == 41
+    assert policy.decode_stats["joined"] == 9  # the rule ran: the first decode's 9 free slots, then no more
     assert policy.generate_calls == 2 and policy.decode_stats["decode_steps"] <= 3 * 40
+
+
+async def test_one_request_more_than_the_free_slots_waits_for_a_slot_not_for_the_decode_to_end(tok, tiny):  # noqa: F811
+    """Ten late requests for the nine free slots of a decode started by one long request: the tenth takes the
+    first slot that frees (joining goes on), rather than waiting for the long row to end."""
+    policy = LocalPolicy(tiny, tok, join=True, max_batch=64, batch_wait_s=0.005)
+    first = asyncio.ensure_future(policy.complete(CONVERSATIONS[1], [], max_tokens=150, temperature=0))
+    await while_decoding(policy)
+    await asyncio.gather(*[policy.complete(CONVERSATIONS[0], [], max_tokens=4, temperature=0) for _ in range(10)])
+    assert not first.done() and policy.decode_stats["joined"] == 10 and policy.generate_calls == 1
+    await first
 
 
 async def test_another_temperature_waits_for_the_next_batch(tok, tiny):  # noqa: F811

@@ -7,10 +7,11 @@ in one run (each timed on its second run, after warm-up).
 
     python bench/checks/check_cuda_graph.py --tokenizer DIR --out bench/results/graph_check.txt
     python bench/checks/check_cuda_graph.py --model gemma3-270m --long    # Gemma 3: sliding-window layers, prompts past 512
-    python bench/checks/check_cuda_graph.py --tokenizer DIR --join   # continuous batching: all but the first join
+    python bench/checks/check_cuda_graph.py --tokenizer DIR --join   # continuous batching: the second half joins
 
-With --join both policies batch continuously (`join=True`): the first request starts the decode and the others
-are sent once it runs, so they join its graph (or eager) steps in finished rows' slots.
+With --join both policies batch continuously (`join=True`): the first half of the requests starts the decode
+and the second half is sent once it runs, so they join its graph (or eager) steps in free rows' slots (each
+row says how many joined). Without a GPU it runs eager both ways (a CPU check of the joined rows' log-probs).
 
 Each row also compares the graph decode's logprobs with one plain forward pass over prompt + tokens
 (max difference; bf16), which checks the masks, the sliding window's included.
@@ -33,21 +34,22 @@ from mcp_rl.policies.local_policy import LocalPolicy  # noqa: E402
 from mcp_rl.rollout import COMPLETE_TOOL  # noqa: E402
 
 
-async def decode(model, tok, msgs, graph: bool, join: bool = False) -> tuple[float, list, list]:
+async def decode(model, tok, msgs, graph: bool, join: bool = False) -> tuple[float, list, list, int]:
     import torch
 
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     policy = LocalPolicy(model, tok, max_batch=64, cuda_graph=graph, join=join)
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     ask = lambda m: policy.complete(m, [COMPLETE_TOOL], max_tokens=64, temperature=0)  # noqa: E731
-    first = asyncio.ensure_future(ask(msgs[0]))
-    while join and not policy.decode_stats["rows"] and not first.done():  # the others join the running decode
+    half = (len(msgs) + 1) // 2 if join else len(msgs)
+    first = [asyncio.ensure_future(ask(m)) for m in msgs[:half]]
+    while join and not policy.decode_stats["rows"]:  # the second half joins the running decode
         await asyncio.sleep(0.001)
-    others = [asyncio.ensure_future(ask(m)) for m in msgs[1:]]
-    choices = await asyncio.gather(first, *others)
-    torch.cuda.synchronize()
+    choices = await asyncio.gather(*first, *[ask(m) for m in msgs[half:]])
+    sync()
     return (time.perf_counter() - t0, [[x.token for x in c.logprobs.content] for c in choices],
-            [[x.logprob for x in c.logprobs.content] for c in choices])
+            [[x.logprob for x in c.logprobs.content] for c in choices], int(policy.decode_stats["joined"]))
 
 
 def forward_diff(model, tok, msgs, tokens, logprobs) -> float:
@@ -88,11 +90,12 @@ def main() -> int:
         for graph in (True, False):
             asyncio.run(decode(model, tok, msgs, graph, args.join))  # warm-up
             runs[graph] = asyncio.run(decode(model, tok, msgs, graph, args.join))
-        (tg, ig, lg), (te, ie, le) = runs[True], runs[False]
+        (tg, ig, lg, jg), (te, ie, le, je) = runs[True], runs[False]
         diff = max(abs(a - b) for x, y in zip(lg, le) for a, b in zip(x, y))
         lines.append(f"{args.model}{' join' if args.join else ''} n={n}: graph {tg:.2f}s eager {te:.2f}s ({te / tg:.1f}x) | same tokens "
                      f"{sum(a == b for a, b in zip(ig, ie))}/{n} rows | max logprob diff {diff:.4f} | "
-                     f"vs plain forward {forward_diff(model, tok, msgs, ig, lg):.4f} | tokens {sum(map(len, ig))}")
+                     f"vs plain forward {forward_diff(model, tok, msgs, ig, lg):.4f} | tokens {sum(map(len, ig))}"
+                     + (f" | joined: graph {jg}, eager {je}" if args.join else ""))
         print(lines[-1], flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

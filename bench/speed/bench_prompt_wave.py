@@ -5,7 +5,8 @@ about the same moment, and each prompt is rendered and tokenized (chat_templates
 (`asyncio.to_thread`) before it can join a batch. This times a wave of `--wave` such prompts after 1..`--turns`
 turns, on 1, 2 and all of this machine's threads: the company server's real tools and tool results (in-process,
 capped at 3000 characters as rollouts cap them; bench_prefix.tool_results), the rollout system prompt, a
-task from data/scenarios.jsonl, each earlier assistant turn a `run_query` call. SmolLM2's tokenizer (embedded).
+task from data/scenarios.jsonl, each earlier assistant turn a `run_query` call as a plain message (rollouts pass
+the sampled Choice: the same render, with a marker token spliced for its ids). SmolLM2's tokenizer (embedded).
 
     .venv/bin/python bench/speed/bench_prompt_wave.py --out bench/results/prompt_wave.txt
 """

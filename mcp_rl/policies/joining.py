@@ -4,8 +4,8 @@ Without it a batch decodes until its last row ends while requests that arrive me
 tool call, the late part of a wave) wait for the next batch, and every batch pays its own prefill and its own
 128-odd decode steps. Here a decode keeps slots over one KV cache (twice as many as the requests that start it,
 plus 8, within `max_batch`); at each host sync (every 8 steps)
-finished rows are answered and waiting requests take the free slots (once more wait than there are slots, none
-joins any more: the rows finish and a wider batch takes them all): their prompts are prefilled together as a
+finished rows are answered and waiting requests take the free slots (once more wait than the decode has rows,
+none joins any more: the rows finish and a wider batch takes them all): their prompts are prefilled together as a
 batch of their own (decoder.Decoder) and their keys and values copied into the slot's cache columns ending at
 the column the whole batch last wrote, so every row keeps writing the same column each step (what the CUDA
 graph's fixed shapes need; the graph's buffers stay where they are). A row's positions are its own, counted from
@@ -52,10 +52,10 @@ class Inbox:
             self._items = [r for r in self._items if all(r is not t for t in taken)]
         return taken
 
-    def holds(self, fits: Any) -> bool:
-        """Whether a request waits for which `fits(request)`."""
+    def count(self, fits: Any) -> int:
+        """How many waiting requests `fits`."""
         with self._lock:
-            return any(fits(r) for r in self._items)
+            return sum(1 for r in self._items if fits(r))
 
     def drain(self) -> list:
         with self._lock:
@@ -206,9 +206,10 @@ def decode(policy: Any, first: list, inbox: Inbox, taken: list) -> None:
                 free = 0 if draining else sum(s is None for s in slots)
                 joiners = inbox.take(lambda r: fits(r, last + 1, t + 1), free) if free else []
                 taken.extend(joiners)  # before anything can raise: the caller fails them then, none is lost
-                # More requests wait than this decode has slots for, and a wider one could take them all at once
-                # (a step of 10 rows costs about what one of 64 does): stop joining, so the next batch starts sooner.
-                draining = draining or (rows < policy.max_batch and inbox.holds(lambda r: fits(r, last + 1, t + 1)))
+                # More requests wait than this decode has rows, and a wider one could take them all at once (a step
+                # of 10 rows costs about what one of 64 does): stop joining, so the next batch starts sooner.
+                draining = draining or (rows < policy.max_batch
+                                        and inbox.count(lambda r: fits(r, last + 1, t + 1)) >= rows)
                 if not joiners and all(s is None for s in slots):
                     break
             logits = dec.step(tok, last + 1)
