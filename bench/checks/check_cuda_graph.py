@@ -71,7 +71,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="SmolLM2's tokenizer folder (the random smollm2-shape model)")
     ap.add_argument("--model", default="smollm2-shape", help="smollm2-shape (random), or an embedded/HF model name")
     ap.add_argument("--long", action="store_true", help="system prompts of ~800 tokens (past Gemma 3's 512 window)")
-    ap.add_argument("--join", action="store_true", help="continuous batching: the requests after the first join its decode")
+    ap.add_argument("--join", action="store_true", help="continuous batching: the second half of the requests joins the decode the first half started")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.model == "smollm2-shape":
