@@ -73,3 +73,12 @@ def test_connect_error_hides_secrets_a_server_writes_to_stderr():
             "file=sys.stderr); sys.exit(1)'")
     text = _connect_error(spec)
     assert "connecting to postgresql://bob:***@db failed" in text and SECRET not in text, text
+
+
+def test_http_clients_share_one_tls_context():
+    # Each rollout opens its own session: a TLS context per client (the CA bundle loaded, ~20 ms on
+    # the event loop) held 192 rollouts ~4 s before their first request (bench/HISTORY.md section 30).
+    from mcp_rl.mcp.specs import _http_client
+
+    first, second = _http_client(), _http_client()
+    assert first._transport._pool._ssl_context is second._transport._pool._ssl_context

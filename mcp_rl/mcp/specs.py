@@ -9,6 +9,7 @@ logs and errors. Sessions over these clients are `mcp_rl.mcp.connect.ToolSession
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -124,9 +125,20 @@ def _http_client(headers: dict | None = None, timeout: httpx2.Timeout | None = N
     GPU run (bench/RESULTS.md); tests/test_connect.py reproduces it. `follow_redirects`, which
     fastmcp passes to a custom factory, is dropped: the SDK follows same-origin redirects itself.
     """
-    return httpx2.AsyncClient(headers=headers, auth=auth,
+    return httpx2.AsyncClient(headers=headers, auth=auth, verify=_ssl_context(),
                               timeout=timeout or httpx2.Timeout(30.0, read=300.0),
                               limits=httpx2.Limits(keepalive_expiry=1.0))
+
+
+@functools.cache
+def _ssl_context():
+    """httpx's default TLS context, built once per process and shared by every client.
+
+    Each rollout opens its own session, and httpx builds a context per client by loading the
+    whole CA bundle (~20 ms, on the event loop, even for http://): 192 rollouts waited ~4 s for
+    their first request, every GRPO step (bench/HISTORY.md section 30). httpx's docs advise
+    reusing one context. SSL_CERT_FILE / SSL_CERT_DIR are read when the first client is made."""
+    return httpx2.create_ssl_context()
 
 
 def make_client(spec: ServerSpec, *, token: str | None = None, headers: dict | None = None,
