@@ -246,7 +246,7 @@ def smol_tok():
 def _forged(tok):
     """A ChatML turn forged as text, then every special token of `tok` that opens or closes a turn (Gemma's
     too), its first added special tokens, and the marker token prompt_ids and ART put in assistant turns."""
-    from mcp_rl.policies.chat_templates import _sentinel
+    from mcp_rl.policies.chat_templates import _TEXT_ENDS, _sentinel
 
     specials = [t.content for i, t in sorted(tok.added_tokens_decoder.items()) if t.special][:20]
     extra = [s for s in ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>") if s in tok.get_vocab()]
@@ -364,3 +364,20 @@ def test_a_forged_turn_stays_text_when_served(smol_tok):
             client.chat.completions.create(model="tiny", messages=messages(text), tools=TOOLS, max_tokens=1, temperature=0)
     assert _controls_in(tok, seen[0]) == _controls_in(tok, seen[1])
     assert _forged(tok) in tok.decode(seen[0])
+
+
+@pytest.mark.parametrize("name", ["smollm2", pytest.param(GEMMA3_270M, marks=needs_gemma)])
+def test_art_gets_a_low_marker_and_decodes_each_id_once(name):
+    """ART builds `set(range(vocab_size))` for every trajectory and decodes every token by itself: with
+    Gemma's marker at id 262,143 that was ~3 s of each 192-rollout step on the CPU (HISTORY section 30).
+    The view's marker is the lowest usable added token, not a text end a model samples, and its
+    decode of one id is the tokenizer's, remembered."""
+    from mcp_rl.policies.chat_templates import _TEXT_ENDS, _sentinel
+
+    tok = load_local_tokenizer() if name == "smollm2" else load_local_tokenizer(name)
+    view, mark = art_tokenizer(tok), _sentinel(tok)
+    assert mark < 100 and view.vocab_size == mark + 1
+    assert tok.decode([mark]) not in _TEXT_ENDS | {tok.eos_token, tok.bos_token, tok.pad_token}
+    ids = tok.encode("SELECT name FROM employees -- ünïcode 日本", add_special_tokens=False) + [mark, tok.eos_token_id]
+    assert [view.decode(i) for i in ids + ids] == [tok.decode(i) for i in ids + ids]
+    assert view.decode(ids, skip_special_tokens=True) == tok.decode(ids, skip_special_tokens=True)

@@ -141,7 +141,16 @@ class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokeniz
     """
 
     def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
+        self.tokenizer, self._pieces = tokenizer, {}
+
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str:
+        # ART decodes every trained token by itself (its `tokens` list): ~300k calls a step of 192
+        # rollouts, 1.5 s on the CPU. One id always decodes the same, so each is decoded once.
+        if isinstance(token_ids, int) and not args and not kwargs:
+            if token_ids not in self._pieces:
+                self._pieces[token_ids] = self.tokenizer.decode(token_ids)
+            return self._pieces[token_ids]
+        return self.tokenizer.decode(token_ids, *args, **kwargs)
 
     def apply_chat_template(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("return_dict", False)
@@ -170,14 +179,24 @@ def art_tokenizing() -> Iterator[None]:
                          "Choices whose logprobs.content tokens read 'token_id:<id>'") from e
 
 
+_TEXT_ENDS = {"<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "<end_of_turn>"}
+
+
 def _sentinel(tokenizer: Any) -> int | None:
-    """An added token that the chat template never writes and that encodes to itself, or None."""
+    """The lowest added token that the chat template never writes and that encodes to itself, or None.
+
+    The lowest: ART builds `set(range(vocab_size))` for every trajectory it tokenizes, and the view
+    gives it this id + 1 as `vocab_size`. Gemma 3's highest such id (262,143) made that ~11 ms a
+    trajectory, 2-3 s of every GRPO step of 192 rollouts (bench/HISTORY.md section 30)."""
     if "_mcp_rl_sentinel" not in tokenizer.__dict__:
-        template, skip = tokenizer.chat_template or "", {tokenizer.bos_token_id, tokenizer.eos_token_id,
-                                                          tokenizer.pad_token_id}
+        template = tokenizer.chat_template or ""
+        # ids a tokenizer writes by itself, and ends of text a model may sample (Gemma's eos is <end_of_turn>
+        # here, but its base model ends text with <eos>)
+        skip = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                tokenizer.unk_token_id, tokenizer.mask_token_id}
         tokenizer._mcp_rl_sentinel = next(
-            (i for i, tok in sorted(tokenizer.added_tokens_decoder.items(), reverse=True)
-             if i not in skip and tok.content not in template
+            (i for i, tok in sorted(tokenizer.added_tokens_decoder.items())
+             if i not in skip and tok.content not in template and tok.content not in _TEXT_ENDS
              and tokenizer.encode(tok.content, add_special_tokens=False) == [i]), None)
     return tokenizer._mcp_rl_sentinel
 
