@@ -49,3 +49,16 @@ def test_the_join_mode_is_new_with_continuous_batching(tmp_path):
     assert rows["join"]["decode"]["rows"] >= 2 and "joined" in rows["join"]["decode"]
     table = out.read_text()
     assert "| joined |" in table and "speedup over new: join " in table
+
+
+def test_step_host_bench_times_both_settings_and_checks_tokenizing_equal(tmp_path):
+    """bench_step_host.py on a small step: a row per setting, the rollouts all reached the policy, and
+    ART's tokenizing gave the same results through the view before session 25 and now."""
+    import bench_step_host
+
+    out = tmp_path / "host.txt"
+    assert bench_step_host.main(["--rollouts", "12", "--repeats", "1", "--models", "smollm2", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert [(r["part"], r["rollouts"]) for r in rows] == [("open sessions", 12)] * 2 + [("ART tokenizing, smollm2", 192)] * 2
+    assert rows[-1]["same_as_before"] and all(r["median_s"] > 0 for r in rows)
+    assert "| open sessions | one shared | 12 |" in out.read_text()
