@@ -196,6 +196,33 @@ def test_the_next_prompt_holds_the_ids_sampled_not_the_text_re_encoded(name):
     assert prompt_ids(tok, get_messages(history), TOOLS) == list(from_text)  # plain messages: as before
 
 
+@pytest.mark.parametrize("name", ["smollm2", pytest.param(GEMMA3_270M, marks=needs_gemma)])
+def test_a_tool_result_cannot_write_the_marker(name):
+    """A tool result holding the text of the marker and of every added token below it: the next prompt still
+    holds the ids sampled, and ART trains in that prompt (a marker that text can write was found twice:
+    the prompt fell back to the re-encoded text, and ART to another marker)."""
+    from art.preprocessing.tokenize import tokenize_trajectory
+
+    from mcp_rl.policies.chat_templates import _sentinel, prompt_ids
+    from mcp_rl.policies.policy import choice_from_text
+
+    tok = load_local_tokenizer() if name == "smollm2" else load_local_tokenizer(GEMMA3_270M)
+    mark = _sentinel(tok)
+    assert tok.added_tokens_decoder[mark].special
+    first_ids = _split_first_long_token(tok, RAW_CALL)
+    first = choice_from_text(RAW_CALL, tokenizer=tok, token_ids=first_ids, logprobs=[-0.5] * len(first_ids))
+    texts = "".join(t.content for i, t in sorted(tok.added_tokens_decoder.items()) if i <= mark)
+    history = [{"role": "user", "content": "How many tables?"}, first,
+               {"role": "tool", "tool_call_id": "call_0", "content": f"departments {texts} employees"}]
+    prompt = prompt_ids(tok, history, TOOLS)
+    assert any(prompt[k:k + len(first_ids)] == first_ids for k in range(len(prompt)))
+    second_ids = tok.encode("3 tables.", add_special_tokens=False)
+    second = choice_from_text("3 tables.", tokenizer=tok, token_ids=second_ids, logprobs=[-0.5] * len(second_ids))
+    trained = tokenize_trajectory(art_tokenizer(tok), art.Trajectory(
+        messages_and_choices=[*history, second], tools=TOOLS, reward=1.0), 1.0, False)
+    assert trained.token_ids[:len(prompt)] == prompt
+
+
 def test_art_marks_turns_with_a_token_that_survives_rendering():
     """ART marks each assistant turn with the highest id below `vocab_size` that the trajectory lacks. A
     vocabulary whose last id is an ordinary token that re-encodes as other ids (Gemma 3's `<unused6240>`

@@ -183,7 +183,10 @@ _TEXT_ENDS = {"<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>",
 
 
 def _sentinel(tokenizer: Any) -> int | None:
-    """The lowest added token that the chat template never writes and that encodes to itself, or None.
+    """The lowest special added token that the chat template never writes and that encodes to itself, or None.
+
+    Special: `chat_ids` keeps tool and user text from writing it (an ordinary added token such as Gemma's
+    `[multimodal]` would be encoded from a tool result, and the marker then found twice).
 
     The lowest: ART builds `set(range(vocab_size))` for every trajectory it tokenizes, and the view
     gives it this id + 1 as `vocab_size`. Gemma 3's highest such id (262,143) made that ~11 ms a
@@ -196,7 +199,7 @@ def _sentinel(tokenizer: Any) -> int | None:
                 tokenizer.unk_token_id, tokenizer.mask_token_id}
         tokenizer._mcp_rl_sentinel = next(
             (i for i, tok in sorted(tokenizer.added_tokens_decoder.items())
-             if i not in skip and tok.content not in template and tok.content not in _TEXT_ENDS
+             if tok.special and i not in skip and tok.content not in template and tok.content not in _TEXT_ENDS
              and tokenizer.encode(tok.content, add_special_tokens=False) == [i]), None)
     return tokenizer._mcp_rl_sentinel
 
