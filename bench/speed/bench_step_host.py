@@ -74,6 +74,8 @@ async def sessions_open(rollouts: int, repeats: int) -> list[dict]:
                     policy, t0 = FirstRequests(), time.monotonic()
                     await gather_rollouts(policy, server, scenarios, parts.rollout_config(cfg), group_size=group,
                                           desc=None)
+                    if len(policy.times) != len(scenarios) * group:
+                        raise SystemExit(f"{len(policy.times)} of {len(scenarios) * group} rollouts reached the policy")
                     times.append(max(policy.times) - t0)
             finally:
                 specs._ssl_context = shared
