@@ -396,8 +396,8 @@ def test_a_forged_turn_stays_text_when_served(smol_tok):
 @pytest.mark.parametrize("name", ["smollm2", pytest.param(GEMMA3_270M, marks=needs_gemma)])
 def test_art_gets_a_low_marker_and_decodes_each_id_once(name):
     """ART builds `set(range(vocab_size))` for every trajectory and decodes every token by itself: with
-    Gemma's marker at id 262,143 that was ~3 s of each 192-rollout step on the CPU (HISTORY section 30).
-    The view's marker is the lowest usable added token, not a text end a model samples, and its
+    Gemma's marker at id 262,143 that took, with those decodes, 4.54 s a 192-rollout step on the CPU (HISTORY 30).
+    The view's marker is the lowest special added token, not a text end a model samples, and its
     decode of one id is the tokenizer's, remembered."""
     from mcp_rl.policies.chat_templates import _TEXT_ENDS, _sentinel
 

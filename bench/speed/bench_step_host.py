@@ -11,7 +11,7 @@ step's rollouts before the first decode and ~4 s of each update tokenizing traje
 - **ART's tokenizing for the update** (`tokenize_trajectory_groups`, 12 groups x 16 trajectories of 4
   tool-call turns and an answer, the company server's real tool results). ART builds `set(range(vocab_size))`
   for every trajectory and decodes every token by itself. Before: the view's marker was the highest usable
-  added token (Gemma: 262,143) and each token was decoded again; now the lowest (`_sentinel`) and each id
+  added token (Gemma: 262,143) and each token was decoded again; now the lowest special one (`_sentinel`) and each id
   decoded once (`art_tokenizer.decode`). The results are checked equal.
 
     .venv/bin/python bench/speed/bench_step_host.py --out bench/results/step_host.txt

@@ -133,7 +133,7 @@ class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokeniz
     ART reads `apply_chat_template(...)` as a list of ids; transformers 5 returns a
     BatchEncoding by default. This view flips that default, and narrows `vocab_size` so
     that ART's marker (the highest id below `vocab_size` that a trajectory lacks) is our
-    `_sentinel`: an added token that encodes to itself wherever the template puts it. ART's
+    `_sentinel`: the lowest special added token that encodes to itself wherever the template puts it. ART's
     own pick, the vocabulary's last id, can be an ordinary token that re-encodes as other
     ids when rendered, and then ART cannot find it ("262142 is not in list": Gemma 3's
     `<unused6240>` in the tokenizer transformers 5.17 converts, models.py). Everything
@@ -145,7 +145,8 @@ class art_tokenizer:  # noqa: N801 - used like a function: art_tokenizer(tokeniz
 
     def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str:
         # ART decodes every trained token by itself (its `tokens` list): ~300k calls a step of 192
-        # rollouts, 1.5 s on the CPU. One id always decodes the same, so each is decoded once.
+        # rollouts. One id always decodes the same, so each is decoded once (with the low marker: Gemma's
+        # tokenizing 4.54 -> 1.09 s for 192 rollouts on the CPU, bench/results/step_host.txt).
         if isinstance(token_ids, int) and not args and not kwargs:
             if token_ids not in self._pieces:
                 self._pieces[token_ids] = self.tokenizer.decode(token_ids)
@@ -189,8 +190,8 @@ def _sentinel(tokenizer: Any) -> int | None:
     `[multimodal]` would be encoded from a tool result, and the marker then found twice).
 
     The lowest: ART builds `set(range(vocab_size))` for every trajectory it tokenizes, and the view
-    gives it this id + 1 as `vocab_size`. Gemma 3's highest such id (262,143) made that ~11 ms a
-    trajectory, 2-3 s of every GRPO step of 192 rollouts (bench/HISTORY.md section 30)."""
+    gives it this id + 1 as `vocab_size`: Gemma 3's highest such id (262,143) made it a set of 262k ids
+    per trajectory (with the decode memo: 4.54 -> 1.09 s for 192 rollouts, bench/HISTORY.md section 30)."""
     if "_mcp_rl_sentinel" not in tokenizer.__dict__:
         template = tokenizer.chat_template or ""
         # ids a tokenizer writes by itself, and ends of text a model may sample (Gemma's eos is <end_of_turn>
