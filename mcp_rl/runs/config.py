@@ -65,7 +65,7 @@ class Config:
                                   "it in a finished row's place (mcp_rl/policies/joining.py; not with policy_reuse_prefix; "
                                   "for a GPU: spare rows cost a CPU their compute, 2x slower in a 4-episode CPU eval; its KV cache "
                                   "holds the prompt + ~6 x max_tokens columns a row, the batch's prompt + max_tokens; "
-                                  "slower than without it in both GPU runs: 0.76-0.77x a step, bench/RESULTS.md)")
+                                  "slower than without it side by side on an H100: 0.76-0.77x the mean step, bench/RESULTS.md)")
     tool_prefix: bool = _f(False, "force the '<tool_call>' envelope at the start of every turn (aid for tiny models)")
     scenarios: str = _f("data/scenarios.jsonl", "JSONL scenarios with a split field")
     out: str = _f("runs/demo", "run folder: checkpoints, metrics.jsonl, report")
