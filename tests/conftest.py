@@ -6,6 +6,10 @@ Every process a test starts inherits ``MCP_RL_TEST_SESSION`` (set when the sessi
 session ends, a process still alive with this session's mark fails the run (exit status 1) and is
 stopped: a server (mcp_server.py, a rollout worker, uvicorn, a notebook kernel) still running, or
 any marked process that has lost its parent (an orphan). Linux only (it reads /proc).
+
+No test reaches the network beyond loopback (tests/netguard/sitecustomize.py, in this process and in
+every Python process a test starts): a test that tries errors at that call, fails in its teardown, and
+the session fails too.
 """
 
 import importlib.util
@@ -13,6 +17,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,8 +32,34 @@ MARK = "MCP_RL_TEST_SESSION"
 SERVERISH = re.compile(r"mcp_server|mcp_rl|--transport|uvicorn|ipykernel")
 
 
+NETGUARD = Path(__file__).resolve().parent / "netguard"
+
+
 def pytest_sessionstart(session):
     os.environ[MARK] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    # The network guard: this process, and (through PYTHONPATH's sitecustomize) every Python it starts.
+    log = Path(tempfile.mkstemp(prefix="mcp-rl-net-", suffix=".log")[1])
+    os.environ["MCP_RL_NET_LOG"] = str(log)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD), os.environ.get("PYTHONPATH")]))
+    spec = importlib.util.spec_from_file_location("mcp_rl_netguard", NETGUARD / "sitecustomize.py")
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    guard.install()
+
+
+def _net_log() -> str:
+    path = os.environ.get("MCP_RL_NET_LOG")
+    return Path(path).read_text() if path and Path(path).is_file() else ""
+
+
+@pytest.fixture(autouse=True)
+def no_network_beyond_loopback():
+    """Fails the test (in its teardown) that reached beyond loopback, even where a library swallowed the error."""
+    before = len(_net_log())
+    yield
+    if reached := _net_log()[before:]:
+        pytest.fail(f"this test reached for the network beyond loopback (tests/netguard):\n{reached[:2000]}",
+                    pytrace=False)
 
 
 def _proc(pid: int) -> tuple[int, str, bytes, str] | None:
@@ -66,6 +97,9 @@ def leaked_processes(mark: str) -> dict[int, str]:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if reached := _net_log():
+        sys.stderr.write(f"\nERROR: the tests reached for the network beyond loopback:\n{reached[:4000]}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     mark = os.environ.get(MARK)
     if not mark:
         return

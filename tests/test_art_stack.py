@@ -1,12 +1,12 @@
 """Our model loading and LoRA merge on the ART + vLLM Colab stack's transformers (4.53.2), not only on ours (5.x).
 
 The Colab 'art' install pins transformers 4.53.2 (openpipe-art[backend] 0.4.11, for vLLM 0.9.2), which
-names the dtype argument `torch_dtype`; CI's venv has transformers 5. This test installs that stack's
-transformers, tokenizers, huggingface_hub, peft and accelerate (the versions the Colab set resolves
-to; test_packaging checks they still do) into a folder, and in a subprocess that imports them first,
-merges a LoRA with `mcp_rl.ship.export.merge_adapter`, checks the merged logits, and writes it as GGUF
-(notebook 01's export cell). Needs PyPI (~15 MB).
-Run: pytest tests/test_art_stack.py
+names the dtype argument `torch_dtype`; CI's venv has transformers 5. `make install` puts that stack's
+transformers, tokenizers, huggingface_hub, peft and accelerate (tests/art_stack.txt: the versions of the
+t4 lock; test_packaging checks they agree) into .venv/art-stack, and in a subprocess that imports them
+first, this test merges a LoRA with `mcp_rl.ship.export.merge_adapter`, checks the merged logits, and
+writes it as GGUF (notebook 01's export cell). No network.
+Run: make install, then pytest tests/test_art_stack.py
 """
 
 import os
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ART_STACK = {"transformers": "4.53.2", "tokenizers": "0.21.4", "huggingface_hub": "0.36.2", "peft": "0.21.2",
-             "accelerate": "1.7.0"}
+PINS = ROOT / "tests" / "art_stack.txt"
+ART_STACK = dict(line.split()[0].split("==") for line in PINS.read_text().splitlines() if line and line[0] != "#")
 
 SCRIPT = textwrap.dedent("""
     import sys, torch, transformers, peft
@@ -58,12 +58,13 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def art_stack(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("art-stack")
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-           "--only-binary=:all:", "--target", str(target), *[f"{k}=={v}" for k, v in ART_STACK.items()]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"could not install the ART stack's transformers:\n{proc.stderr[-2000:]}"
+def art_stack() -> Path:
+    """The folder `make install` filled from tests/art_stack.txt, beside this venv's packages."""
+    target = Path(sys.prefix) / "art-stack"
+    found = {p.name.split("-")[0].lower(): p.name.split("-")[1] for p in target.glob("*.dist-info")}
+    want = {name.replace("-", "_"): version for name, version in ART_STACK.items()}
+    assert found == want, (f"{target} holds {found}, not {want}: run `make install` (it installs tests/art_stack.txt "
+                           "there when that file changes)")
     return target
 
 
@@ -75,4 +76,4 @@ def test_merge_adapter_runs_on_the_art_stacks_transformers(art_stack, tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), ART_STACK["transformers"]],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "merged on transformers 4.53.2 peft 0.21.2" in proc.stdout
+    assert f"merged on transformers {ART_STACK['transformers']} peft {ART_STACK['peft']}" in proc.stdout

