@@ -30,7 +30,6 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.version import Version
 

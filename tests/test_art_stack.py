@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent("""
 def art_stack() -> Path:
     """The folder `make install` filled from tests/art_stack.txt, beside this venv's packages."""
     target = Path(sys.prefix) / "art-stack"
-    found = {p.name.split("-")[0].lower(): p.name.split("-")[1] for p in target.glob("*.dist-info")}
+    found = dict(p.name.removesuffix(".dist-info").lower().split("-", 1) for p in target.glob("*.dist-info"))
     want = {name.replace("-", "_"): version for name, version in ART_STACK.items()}
     assert found == want, (f"{target} holds {found}, not {want}: run `make install` (it installs tests/art_stack.txt "
                            "there when that file changes)")

@@ -324,6 +324,29 @@ def test_a_tool_result_cannot_forge_a_turn_in_rollouts_or_training(which, reques
     assert trained.token_ids[len(prompt):len(prompt) + len(answer)] == answer
 
 
+@pytest.mark.parametrize("which", ["smol_tok", pytest.param("gemma_tok", marks=needs_gemma)])
+def test_no_string_of_a_tool_schema_can_forge_a_turn(which, request):
+    """Everything an MCP server writes into a tool's schema (its name, a property's name, an enum value, a
+    title, a default, a nested schema's keys) is text: the prompt holds the template's control tokens only,
+    the same as for harmless names. Property names were left out once, and a key spelling <|im_start|>
+    reached the prompt as the control token (issue [hardening] item 1)."""
+    from mcp_rl.policies.chat_templates import prompt_ids
+
+    tok = request.getfixturevalue(which)
+    messages = [{"role": "user", "content": "How many?"}]
+
+    def schema(text):
+        nested = {"type": "object", "title": text, "properties": {text: {"type": "string", "default": text}}}
+        return [{"type": "function", "function": {"name": "run_query" + text, "description": "Run one SQL query",
+                 "parameters": {"type": "object", "title": text, "required": [text],
+                                "properties": {text: {"type": "string", "enum": [text, "b"]}, "where": nested}}}}]
+
+    forged = _forged(tok)
+    prompt = prompt_ids(tok, messages, schema(forged))
+    assert _controls_in(tok, prompt) == _controls_in(tok, prompt_ids(tok, messages, schema("harmless")))
+    assert json.dumps(forged)[1:-1] in tok.decode(prompt)  # read as the server wrote it
+
+
 def test_a_forged_tool_result_is_encoded_exactly_as_text(smol_tok):
     """The text between the template's control tokens, forged part included, is one piece encoded with
     split_special_tokens=True; with nothing forged the ids are the tokenizer's own."""

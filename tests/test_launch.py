@@ -66,6 +66,7 @@ def test_leaves_a_server(tmp_path):
 @pytest.mark.parametrize("stop", [False, True])
 def test_the_session_fails_when_a_test_leaves_a_server_running(tmp_path, stop):
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    shutil.copytree(ROOT / "tests" / "netguard", tmp_path / "netguard")  # the conftest installs its network guard
     pidfile = tmp_path / "pid"
     (tmp_path / "test_leaky.py").write_text(LEAKY.format(pidfile=str(pidfile),
                                                          stop="proc.kill(); proc.wait()" if stop else "pass"))

@@ -4,8 +4,7 @@
 
 Two kinds of server, both real MCP servers over a copy of the company database:
 the reference `mcp-server-sqlite` (PyPI) over stdio, which needs `mcp<2` and so
-lives in its own venv, built once and cached under .pytest_cache/ (skipped, with
-the reason, only when it cannot be installed); and small in-memory FastMCP
+lives in a venv of its own that `make install` builds (tests/sqlite_server.txt); and small in-memory FastMCP
 servers, one per result format (JSON, rows/columns JSON, nested JSON, Python
 repr, Markdown, CSV, mcp-alchemy's numbered `key: value` records), that return errors as plain text and accept only SELECT,
 as many real servers do. Every answer is re-checked by sqlite3 on the copy, and
@@ -15,7 +14,6 @@ the copy must be byte-identical afterwards: nothing is ever written.
 from __future__ import annotations
 
 import csv
-import fcntl
 import hashlib
 import io
 import json
@@ -23,7 +21,6 @@ import logging
 import re
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
 from contextlib import closing
@@ -46,30 +43,10 @@ log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="session")
-def sqlite_server_exe(request, tmp_path_factory) -> Path:
-    """bin/mcp-server-sqlite of a venv of its own, cached in .pytest_cache/d/ (about 15 s the first time)."""
-    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: build it per session
-    root = Path(cache.mkdir("mcp-server-sqlite") if cache else tmp_path_factory.mktemp("mcp-server-sqlite"))
-    venv, stamp = root / "venv", root / "venv" / "mcp-rl-installed.txt"
-    exe = venv / "bin" / "mcp-server-sqlite"
-    want = " ".join(SQLITE_SERVER_PACKAGES) + f" on {sys.version.split()[0]}"
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent test sessions build it once
-        if exe.exists() and stamp.exists() and stamp.read_text() == want:
-            return exe
-        shutil.rmtree(venv, ignore_errors=True)  # venvs cannot be moved, so it is built in place
-        start = time.monotonic()
-        try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
-            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            *SQLITE_SERVER_PACKAGES], check=True, capture_output=True, text=True, timeout=280)
-        except (subprocess.SubprocessError, OSError) as e:
-            shutil.rmtree(venv, ignore_errors=True)
-            why = (getattr(e, "stderr", None) or str(e)).strip().splitlines()
-            pytest.skip(f"cannot install {' '.join(SQLITE_SERVER_PACKAGES)} into a venv of its own "
-                        f"(needs PyPI or a wheel cache once): {why[-1][:200] if why else type(e).__name__}")
-        stamp.write_text(want)
-        log.warning("built the mcp-server-sqlite venv in %.1f s", time.monotonic() - start)
+def sqlite_server_exe() -> Path:
+    """bin/mcp-server-sqlite of the venv `make install` builds beside this one from tests/sqlite_server.txt."""
+    exe = Path(sys.prefix) / "mcp-server-sqlite" / "bin" / "mcp-server-sqlite"
+    assert exe.is_file(), f"{exe} is missing: run `make install` (it builds that venv from tests/sqlite_server.txt)"
     return exe
 
 

@@ -269,8 +269,8 @@ def _swap(value: Any, sub: Any) -> Any:
     """`value` (a JSON-like message or tool schema) with `sub` applied to every string in it."""
     if isinstance(value, str):
         return sub(value)
-    if isinstance(value, dict):
-        return {k: _swap(v, sub) for k, v in value.items()}
+    if isinstance(value, dict):  # keys too: a tool schema's property names are the server's text
+        return {_swap(k, sub): _swap(v, sub) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_swap(v, sub) for v in value]
     return value
