@@ -36,6 +36,30 @@ def test_load_config_files(tmp_path, suffix, text):
     assert cfg.train.steps == 7 and cfg.train.warm_start_scenarios == preset("cpu").train.warm_start_scenarios
 
 
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{k}: &{k} [{', '.join([f'*{j}'] * 9)}]\n" for j, k in zip("abcdefgh", "bcdefghi")) + "train: {steps: 1}\n"
+
+
+@pytest.mark.timeout(20)
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """~400 bytes whose nested aliases stand for 9**9 strings: refused while parsing, in one line naming the
+    alias, before anything copies it (it ran out of memory after ~45 s: issue [hardening] item 6)."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    assert len(BOMB) < 450
+    with pytest.raises(ValueError, match=r"bomb.yaml is not valid YAML \(an alias \(\*name\), which config files may not "
+                                         r"use at line 2\)"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text", ["preset: [a]\n", "preset: {a: 1}\n", "preset: 3\n"])
+def test_a_preset_that_is_not_a_name_is_one_clear_error(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="unknown preset .*; presets are: cpu"):
+        load_config(path)
+
+
 def test_overrides_parse_values():
     cfg = apply_overrides(preset("cpu"), ["train.steps=9", "rollout.temperature=0.5", "tool_prefix=true", "out=runs/x"])
     assert (cfg.train.steps, cfg.rollout.temperature, cfg.tool_prefix, cfg.out) == (9, 0.5, True, "runs/x")

@@ -231,9 +231,20 @@ def redacted(cfg: Config) -> dict:
 
 def preset(name: str = "cpu", **overrides: Any) -> Config:
     """A preset Config, with optional top-level or nested (dict) overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; presets are: {', '.join(PRESETS)}")
+    if not isinstance(name, str) or name not in PRESETS:  # `preset: [a]` in a file is a list, not a name
+        raise ValueError(f"unknown preset {short(repr(name))}; presets are: {', '.join(PRESETS)}")
     return _build(Config, _merge(_merge(to_dict(Config()), PRESETS[name]), overrides), "config")
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML without anchors' aliases (*name): a config needs none, and ~400 bytes of nested aliases
+    expand to more memory than the machine has once the config is copied ("billion laughs")."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "an alias (*name), which config files may not use",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
 
 
 def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
@@ -256,7 +267,7 @@ def load_config(path: str | Path | None = None, base: str = "cpu") -> Config:
             raise ValueError(f"config file {p} is not valid JSON ({e}): fix that line") from None
     else:
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_NoAliases) or {}  # noqa: S506 - a SafeLoader, less aliases
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             raise ValueError(f"config file {p} is not valid YAML ({getattr(e, 'problem', None) or 'parse error'}"
