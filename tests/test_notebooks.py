@@ -424,7 +424,9 @@ def test_every_preset_has_an_install_and_the_pins_are_named_once():
 TINY = {"PRESET": "cpu", "MODEL": "smollm2", "STEPS": 1, "GROUPS_PER_STEP": 1, "GROUP_SIZE": 2,
         "EVAL_SCENARIOS": 2, "MAX_TOKENS": 48, "MAX_TURNS": 3, "LLM_SCENARIOS": 0}
 RUNS = {
-    "01_train_sql_agent.ipynb": {**TINY, "WARM_START": 4, "MAX_TURNS": 6},  # a demonstration takes ~5 turns
+    # A demonstration takes ~5 turns; 2 of them (not 4) halve the warm start's update (~45 s). The reward audit
+    # stays on the whole training split: its 2% cap holds per split (on the first 96 tasks a constant got 5.2%).
+    "01_train_sql_agent.ipynb": {**TINY, "WARM_START": 2, "MAX_TURNS": 6},
     "02_bring_your_own_server.ipynb": {**TINY, "TOOL_PREFIX": True, "MAX_TURNS": 2, "TRAIN_SCENARIOS": 4,
                                        "SERVER": f"{sys.executable} -m mcp_server_time"},
 }
