@@ -35,7 +35,7 @@ demo: install
 
 # Two workers on CI's two cores; a test that waits (a server, a subprocess) lets the other run.
 test: install
-	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=10
 
 clean:
 	rm -rf $(VENV) runs data/company.db
