@@ -627,3 +627,10 @@ def test_the_executed_gpu_notebook_is_the_source_notebook_run_whole():
     summary = json.loads((EXECUTED / "summary.json").read_text())
     assert summary["cells_run"] == summary["code_cells"] and not summary["cells_with_errors"] and not summary["error"]
     assert summary["parameters"]["EVAL_SCENARIOS"] >= 64  # issue [tutorial] item 11: a held-out set that can show a gain
+
+
+def test_the_library_reads_the_install_mark_where_the_install_cell_writes_it(tmp_path, monkeypatch):
+    from mcp_rl.runs import parts
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # this test's "machine"
+    assert install_module().marker() == parts.install_marker() == tmp_path / "mcp-rl-installed"
