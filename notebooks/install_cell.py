@@ -21,8 +21,7 @@ stack cannot run on it, the install stops before changing anything and says what
 installing, every module the chosen path imports is imported once in a fresh Python, and the first
 that fails is named. The machine is then marked installed in its temporary folder, which a new Colab
 machine does not have even when the checkout is on Google Drive. Off Colab nothing is installed (use
-`make install`). pip may warn that some of Colab's preinstalled packages want other versions: expected,
-the notebooks do not use them.
+`make install`).
 """
 
 from __future__ import annotations
@@ -106,7 +105,7 @@ def plan(preset: str, *, gpu: str, numpy: str, torch: str | None, pyproject: dic
                            "choose Runtime > Disconnect and delete runtime, then run all again")
     steps = [["--no-deps", "--require-hashes", "-r", f"notebooks/locks/{preset}.txt"], ["--no-deps", "-e", "."]]
     if stack == "art" and "T4" in gpu:
-        steps.append(["--no-deps", "triton==3.2.0"])  # torch 2.7.0 pins triton 3.3.0, which has no T4 kernels
+        steps.append(["--no-deps", "triton==3.2.0"])  # as ART's own T4 notebooks do (torch 2.7.0 pins 3.3.0)
     if stack == "unsloth":  # the torchao built for Colab's torch (pytorch/ao#2919: any other skips its kernels)
         steps.append(["--no-deps", f"torchao=={tool['torchao'].get('{}.{}'.format(*minor(torch)), tool['torchao-newest'])}"])
     return steps
